@@ -1,0 +1,65 @@
+# chatqueue — every target installs what it needs; `make test` and `make run` work on a
+# fresh machine with PostgreSQL and RabbitMQ reachable on localhost.
+
+PYTHON ?= python3.11
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed
+
+# Local services used by tests (override to point elsewhere).
+CHATQ_TEST_DATABASE_URL ?= postgresql://postgres@127.0.0.1:5432/postgres
+CHATQ_TEST_AMQP_URL ?= amqp://guest:guest@127.0.0.1:5672/
+CHATQ_TEST_RABBITMQ_API_URL ?= http://guest:guest@127.0.0.1:15672/api
+export CHATQ_TEST_DATABASE_URL CHATQ_TEST_AMQP_URL CHATQ_TEST_RABBITMQ_API_URL
+
+PYTEST_ARGS ?=
+
+.PHONY: install test unit integration e2e lint run migrate definitions services-check clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml constraints.txt
+	@command -v $(PYTHON) >/dev/null || { echo "need $(PYTHON) (Python 3.11)"; exit 1; }
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade pip
+	$(BIN)/python -m pip install --quiet -c constraints.txt -e '.[dev]'
+	touch $(STAMP)
+
+services-check: install
+	$(BIN)/python -m shared.preflight --database-url "$(CHATQ_TEST_DATABASE_URL)" \
+	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
+
+# Every test: unit, integration and e2e. Exit 5 (no tests collected) is a failure.
+test: install services-check
+	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
+	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+
+unit: install
+	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+integration: install services-check
+	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+
+e2e: install services-check
+	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
+
+lint: install
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+# Regenerate deploy/rabbitmq/definitions.json from shared/broker/topology.py.
+definitions: install
+	$(BIN)/python -m shared.broker.topology export -o deploy/rabbitmq/definitions.json
+
+migrate: install
+	$(BIN)/python -m shared.migrate
+
+# What exists so far: the receiver with its relay, on local Postgres and RabbitMQ.
+run: install
+	$(BIN)/python -m shared.preflight --create-database \
+	  --database-url "$${CHATQ_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/chatqueue}" \
+	  --amqp-url "$${CHATQ_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}"
+	CHATQ_HTTP_PORT=$${CHATQ_HTTP_PORT:-8080} $(BIN)/python -m services.receiver
+
+clean:
+	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,0 +1,216 @@
+"""The receiver's composition root: ``create_app(settings)`` builds every part from the
+settings and wires them; ``__main__`` serves it with uvicorn."""
+
+from __future__ import annotations
+
+import asyncio
+import logging
+import time
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from dataclasses import dataclass
+from typing import Any
+
+import asyncpg
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+from prometheus_client import make_asgi_app
+
+from shared import metrics
+from shared.broker.connection import BrokerConnection
+from shared.broker.publisher import ConfirmingPublisher
+from shared.broker.topology import build_topology
+from shared.db import create_pool
+from shared.faults import fault_point
+from shared.migrate import migrate
+from shared.outbox import Relay
+from shared.settings import Settings
+
+from . import operations
+from .errors import ApiError, install_error_handlers
+from .intake import Intake, Stored, parse_json, store
+from .limits import BodySizeLimit
+from .webhooks import avito, generic, telegram
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass
+class Runtime:
+    pool: asyncpg.Pool
+    broker: BrokerConnection
+    relay: Relay | None
+    relay_task: asyncio.Task[None] | None
+
+
+def create_app(settings: Settings) -> FastAPI:
+    generic_verifier = generic.verifier(_secret(settings.generic_webhook_secret))
+    telegram_secret = _secret(settings.telegram_webhook_secret)
+    avito_secret = _secret(settings.avito_webhook_secret)
+    telegram_account = settings.telegram_account_id
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        runtime = await _start(settings)
+        app.state.pool = runtime.pool
+        app.state.runtime = runtime
+        try:
+            yield
+        finally:
+            await _stop(runtime)
+
+    app = FastAPI(
+        title="chatqueue receiver",
+        version="0.1.0",
+        lifespan=lifespan,
+        docs_url=None,
+        redoc_url=None,
+    )
+    app.state.admin_token = _secret(settings.admin_token)
+    app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    install_error_handlers(app)
+    app.include_router(operations.router)
+    app.mount("/metrics", make_asgi_app())
+
+    async def accept(request: Request, platform: str, intake: Intake) -> Stored:
+        stored = await store(request.app.state.pool, intake)
+        fault_point("receiver.after_commit")
+        runtime: Runtime = request.app.state.runtime
+        if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":
+            runtime.relay.notify()
+        outcome = "duplicate" if stored.duplicate else ("ignored" if intake.ignored_reason else "accepted")
+        metrics.WEBHOOKS.labels(platform=platform, outcome=outcome).inc()
+        return stored
+
+    @app.post("/v1/webhooks/telegram")
+    async def telegram_webhook(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        with _rejections("telegram"):
+            telegram.authenticate(telegram_secret, request.headers.get(telegram.SECRET_HEADER))
+            data, raw = parse_json(await _json_body(request))
+            stored = await accept(request, "telegram", telegram.normalise(data, raw, telegram_account))
+        metrics.WEBHOOK_SECONDS.labels(platform="telegram").observe(time.perf_counter() - started)
+        return JSONResponse(_ack(stored))
+
+    @app.post("/v1/webhooks/avito/{secret}")
+    async def avito_webhook(secret: str, request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        with _rejections("avito"):
+            avito.authenticate(avito_secret, secret)
+            data, raw = parse_json(await _json_body(request))
+            stored = await accept(request, "avito", avito.normalise(data, raw))
+        metrics.WEBHOOK_SECONDS.labels(platform="avito").observe(time.perf_counter() - started)
+        return JSONResponse(_ack(stored))
+
+    @app.post("/v1/webhooks/generic", status_code=202)
+    async def generic_webhook(request: Request) -> JSONResponse:
+        started = time.perf_counter()
+        with _rejections("generic"):
+            body = await request.body()
+            webhook_id = generic.authenticate(generic_verifier, body, dict(request.headers))
+            _require_json(request)
+            data, raw = parse_json(body)
+            stored = await accept(request, "generic", generic.normalise(data, raw, webhook_id))
+        metrics.WEBHOOK_SECONDS.labels(platform="generic").observe(time.perf_counter() - started)
+        doc = _ack(stored)
+        doc["status_url"] = f"/v1/operations/{stored.operation_id}"
+        return JSONResponse(doc, status_code=202)
+
+    @app.get("/healthz")
+    async def healthz() -> dict[str, str]:
+        return {"status": "ok"}
+
+    @app.get("/readyz")
+    async def readyz(request: Request) -> JSONResponse:
+        runtime: Runtime = request.app.state.runtime
+        checks: dict[str, str] = {}
+        try:
+            await asyncio.wait_for(runtime.pool.fetchval("SELECT 1"), timeout=2)
+            checks["postgres"] = "ok"
+        except Exception as exc:
+            checks["postgres"] = f"unreachable: {type(exc).__name__}"
+        checks["rabbitmq"] = "ok" if runtime.broker.is_open else "unreachable"
+        # Intake needs Postgres only: while RabbitMQ is away the outbox holds what
+        # arrives, so the receiver stays in rotation and reports itself degraded.
+        ready = checks["postgres"] == "ok"
+        status = "ok" if ready and checks["rabbitmq"] == "ok" else ("degraded" if ready else "unready")
+        return JSONResponse({"status": status, "checks": checks}, status_code=200 if ready else 503)
+
+    return app
+
+
+async def _start(settings: Settings) -> Runtime:
+    dsn = settings.database_url.get_secret_value()
+    pool = await create_pool(dsn, size=settings.database_pool_size)
+    if settings.migrate_on_start:
+        async with pool.acquire() as conn:
+            await migrate(conn)
+    broker = BrokerConnection(
+        settings.amqp_url.get_secret_value(),
+        build_topology(settings.retry_delays()),
+        name="chatq-receiver-relay",
+    )
+    relay = None
+    task = None
+    if settings.relay_enabled:
+        relay = Relay(
+            pool,
+            ConfirmingPublisher(broker),
+            batch_size=settings.relay_batch_size,
+            poll_seconds=settings.relay_poll_seconds,
+            retention_seconds=settings.relay_retention_seconds,
+            purge_interval_seconds=settings.relay_purge_interval_seconds,
+        )
+        task = asyncio.create_task(relay.run(), name="outbox-relay")
+    return Runtime(pool, broker, relay, task)
+
+
+async def _stop(runtime: Runtime) -> None:
+    if runtime.relay is not None and runtime.relay_task is not None:
+        runtime.relay.stop()
+        try:
+            await asyncio.wait_for(runtime.relay_task, timeout=10)
+        except TimeoutError:
+            runtime.relay_task.cancel()
+    await runtime.broker.close()
+    await runtime.pool.close()
+
+
+def _secret(value: Any) -> str | None:
+    return value.get_secret_value() if value is not None else None
+
+
+def _ack(stored: Stored) -> dict[str, Any]:
+    return {
+        "ok": True,
+        "operation_id": str(stored.operation_id),
+        "status": stored.status,
+        "duplicate": stored.duplicate,
+    }
+
+
+def _require_json(request: Request) -> None:
+    ctype = request.headers.get("content-type", "")
+    media = ctype.split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
+
+
+async def _json_body(request: Request) -> bytes:
+    _require_json(request)
+    return await request.body()
+
+
+class _rejections:
+    """Count every 4xx a webhook endpoint answers, by platform."""
+
+    def __init__(self, platform: str) -> None:
+        self.platform = platform
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
+        if isinstance(exc, ApiError):
+            metrics.WEBHOOKS.labels(platform=self.platform, outcome="rejected").inc()
+            logger.info("rejected %s webhook: %s %s", self.platform, exc.status, exc.code)

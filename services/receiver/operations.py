@@ -1,0 +1,95 @@
+"""The admin API's read side: an operation's status in words a person reads."""
+
+from __future__ import annotations
+
+import hmac
+import uuid
+from datetime import UTC, datetime
+from typing import Any
+
+import asyncpg
+from fastapi import APIRouter, Request
+
+from .errors import ApiError
+
+STATUS_TEXT = {
+    "accepted": "received and stored; about to be handed to the bot",
+    "queued": "stored and queued for the bot",
+    "waiting": "waiting for the buyer to finish typing",
+    "replying": "the bot is writing the reply",
+    "replied": "reply sent",
+    "failed": "gave up",
+    "needs_review": "send outcome unknown — check the chat and resolve",
+    "ignored": "not for the bot",
+}
+
+
+def status_text(status: str, reason: str | None) -> str:
+    text = STATUS_TEXT.get(status, status)
+    return f"{text}: {reason}" if reason else text
+
+
+def require_admin(request: Request) -> None:
+    """Bearer ADMIN_TOKEN, compared in constant time. No token configured: API off."""
+    expected: str | None = request.app.state.admin_token
+    if expected is None:
+        raise ApiError(404, "admin_api_disabled", "the admin API is off: set CHATQ_ADMIN_TOKEN")
+    header = request.headers.get("authorization", "")
+    scheme, _, presented = header.partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected.encode()):
+        raise ApiError(401, "unauthorized", "missing or wrong bearer token")
+
+
+router = APIRouter()
+
+
+@router.get("/v1/operations/{operation_id}")
+async def get_operation(operation_id: str, request: Request) -> dict[str, Any]:
+    require_admin(request)
+    try:
+        op_id = uuid.UUID(operation_id)
+    except ValueError:
+        raise ApiError(400, "bad_operation_id", "operation ids are UUIDs") from None
+    pool: asyncpg.Pool = request.app.state.pool
+    row = await pool.fetchrow(
+        """
+        SELECT id, platform, account_id, chat_id, message_id, author_id, text, sent_at,
+               status, status_reason, received_at, updated_at
+        FROM operations WHERE id = $1
+        """,
+        op_id,
+    )
+    if row is None:
+        raise ApiError(404, "operation_not_found", f"no operation {op_id}")
+    return operation_document(row)
+
+
+def operation_document(row: asyncpg.Record) -> dict[str, Any]:
+    now = datetime.now(UTC)
+    failed = row["status"] in ("failed", "needs_review")
+    return {
+        "id": str(row["id"]),
+        "platform": row["platform"],
+        "chat": {"account_id": row["account_id"], "chat_id": row["chat_id"]},
+        "message": {
+            "id": row["message_id"],
+            "author_id": row["author_id"],
+            "text": row["text"],
+            "sent_at": _iso(row["sent_at"]),
+        },
+        "status": row["status"],
+        "status_text": status_text(row["status"], row["status_reason"]),
+        "received_at": _iso(row["received_at"]),
+        "updated_at": _iso(row["updated_at"]),
+        "age_seconds": round((now - row["received_at"]).total_seconds(), 3),
+        "job": None,
+        "reply": None,
+        "error": {"kind": row["status"], "message": row["status_reason"], "attempts": None}
+        if failed
+        else None,
+        "owner": None,
+    }
+
+
+def _iso(value: datetime | None) -> str | None:
+    return value.isoformat() if value else None

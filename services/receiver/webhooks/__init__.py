@@ -1,0 +1,1 @@
+"""One module per platform: authenticate, parse, normalise to an ``Intake``."""

@@ -1,0 +1,111 @@
+"""Avito Messenger v3 webhooks. Avito cannot sign deliveries, so the URL carries a random
+secret (``/v1/webhooks/avito/{secret}``). Dedupe on (user_id, value.id). Our own sent
+messages come back (author_id == user_id) and are stored as ignored, as are system
+messages and anything without text."""
+
+from __future__ import annotations
+
+import hmac
+
+from pydantic import BaseModel, ConfigDict, ValidationError
+
+from ..errors import ApiError
+from ..intake import Intake, epoch_to_datetime
+
+
+class _Model(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+class AvitoContent(_Model):
+    text: str | None = None
+
+
+class AvitoMessageValue(_Model):
+    id: str
+    chat_id: str
+    user_id: int
+    author_id: int
+    created: int | None = None
+    type: str
+    content: AvitoContent | None = None
+
+
+class AvitoPayload(_Model):
+    type: str
+    value: dict[str, object] | None = None
+
+
+class AvitoWebhook(_Model):
+    id: str | None = None
+    version: str | None = None
+    timestamp: int | None = None
+    payload: AvitoPayload
+
+
+def authenticate(expected: str | None, presented: str) -> None:
+    if expected is None:
+        raise ApiError(
+            404, "platform_not_configured", "Avito webhooks are off: set CHATQ_AVITO_WEBHOOK_SECRET"
+        )
+    if not hmac.compare_digest(presented.encode(), expected.encode()):
+        raise ApiError(401, "bad_path_secret", "wrong secret in the Avito webhook URL")
+
+
+def normalise(data: object, raw: str) -> Intake:
+    try:
+        hook = AvitoWebhook.model_validate(data)
+        if hook.payload.type != "message":
+            # Not a message: nothing identifies it but the delivery id.
+            return _ignored_event(hook, raw)
+        value = AvitoMessageValue.model_validate(hook.payload.value)
+    except ValidationError as exc:
+        raise ApiError(
+            422,
+            "invalid_payload",
+            "not an Avito messenger webhook",
+            details=[{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]],
+        ) from None
+    if not value.chat_id or not value.id:
+        raise ApiError(422, "invalid_payload", "Avito message without chat_id or id")
+    account_id = str(value.user_id)
+    text = value.content.text if value.content else None
+    reason: str | None = None
+    if value.author_id == value.user_id:
+        reason = "our own message (echo)"
+    elif value.type == "system":
+        reason = "Avito system message"
+    elif value.type != "text" or text is None:
+        reason = f"unsupported message type ({value.type})"
+    elif not text.strip():
+        reason = "empty message"
+    return Intake(
+        platform="avito",
+        account_id=account_id,
+        event_id=None,
+        chat_id=value.chat_id,
+        message_id=value.id,
+        author_id=str(value.author_id),
+        text=text,
+        sent_at=epoch_to_datetime(value.created),
+        payload=raw,
+        ignored_reason=reason,
+    )
+
+
+def _ignored_event(hook: AvitoWebhook, raw: str) -> Intake:
+    value = hook.payload.value or {}
+    user_id = value.get("user_id")
+    kind = hook.payload.type or "unknown"
+    return Intake(
+        platform="avito",
+        account_id=str(user_id) if isinstance(user_id, int) else "unknown",
+        event_id=hook.id,
+        chat_id=None,
+        message_id=None,
+        author_id=None,
+        text=None,
+        sent_at=None,
+        payload=raw,
+        ignored_reason=f"Avito event type {kind} is not answered",
+    )

@@ -1,0 +1,1 @@
+"""Code shared by the chatqueue services: settings, database, broker, outbox, metrics."""

@@ -1,0 +1,1 @@
+"""RabbitMQ: topology as data, its idempotent declaration, connections, publishing."""

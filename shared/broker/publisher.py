@@ -1,0 +1,94 @@
+"""Publishing with publisher confirms, many in flight at once.
+
+Every message is persistent, mandatory (an unroutable message is an error, not silence)
+and carries its message_id. ``publish_many`` returns one result per message, in order:
+``None`` when the broker confirmed it, or the exception that says why not.
+"""
+
+from __future__ import annotations
+
+import asyncio
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import aio_pika
+from aio_pika.abc import AbstractChannel, AbstractExchange
+
+from shared.broker.connection import BrokerConnection
+
+
+@dataclass(frozen=True)
+class OutgoingMessage:
+    exchange: str
+    routing_key: str
+    message_id: str
+    body: bytes
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    content_type: str = "application/json"
+
+
+class ConfirmingPublisher:
+    def __init__(self, broker: BrokerConnection, *, confirm_timeout: float = 15.0) -> None:
+        self._broker = broker
+        self._confirm_timeout = confirm_timeout
+        self._channel: AbstractChannel | None = None
+        self._exchanges: dict[str, AbstractExchange] = {}
+
+    async def _ensure_channel(self) -> AbstractChannel:
+        if self._channel is None or self._channel.is_closed:
+            self._exchanges.clear()
+            self._channel = await self._broker.channel(publisher_confirms=True)
+        return self._channel
+
+    async def _exchange(self, name: str) -> AbstractExchange:
+        exchange = self._exchanges.get(name)
+        if exchange is None:
+            channel = await self._ensure_channel()
+            exchange = await channel.get_exchange(name, ensure=False)
+            self._exchanges[name] = exchange
+        return exchange
+
+    async def ensure_ready(self) -> None:
+        """Open the connection and channel now rather than at the first publish, so an
+        outage shows in readiness and logs before any message waits on it."""
+        await self._ensure_channel()
+
+    async def publish_many(self, messages: Sequence[OutgoingMessage]) -> list[BaseException | None]:
+        """Publish all messages with their confirms in flight together."""
+        await self._ensure_channel()
+        exchanges = {name: await self._exchange(name) for name in {m.exchange for m in messages}}
+
+        async def one(m: OutgoingMessage) -> None:
+            await exchanges[m.exchange].publish(
+                aio_pika.Message(
+                    m.body,
+                    message_id=m.message_id,
+                    headers=dict(m.headers),
+                    content_type=m.content_type,
+                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+                ),
+                routing_key=m.routing_key,
+                mandatory=True,
+                timeout=self._confirm_timeout,
+            )
+
+        results = await asyncio.gather(*(one(m) for m in messages), return_exceptions=True)
+        return [r if isinstance(r, BaseException) else None for r in results]
+
+    async def publish(self, message: OutgoingMessage) -> None:
+        (error,) = await self.publish_many([message])
+        if error is not None:
+            raise error
+
+    async def reset(self) -> None:
+        """Forget the channel and the connection after an error; the next publish
+        reconnects. (aio-pika may report a dropped connection as open.)"""
+        channel, self._channel = self._channel, None
+        self._exchanges.clear()
+        if channel is not None and not channel.is_closed:
+            try:
+                await asyncio.wait_for(channel.close(), timeout=5)
+            except Exception:
+                pass
+        await self._broker.reset()

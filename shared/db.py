@@ -1,0 +1,27 @@
+"""Postgres connection pool."""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+import asyncpg
+
+
+async def _init_connection(conn: asyncpg.Connection) -> None:
+    # jsonb columns come and go as Python objects.
+    await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
+
+
+async def create_pool(dsn: str, *, size: int = 10, **kwargs: Any) -> asyncpg.Pool:
+    """Open a pool. Called from a composition root, never at import time."""
+    pool = await asyncpg.create_pool(
+        dsn,
+        min_size=min(2, size),
+        max_size=size,
+        init=_init_connection,
+        command_timeout=30,
+        **kwargs,
+    )
+    assert pool is not None
+    return pool

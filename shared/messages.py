@@ -1,0 +1,49 @@
+"""Wire models: what travels on RabbitMQ between the services.
+
+Each message is JSON with a ``schema`` version so a consumer can refuse what it does not
+understand instead of guessing.
+"""
+
+from __future__ import annotations
+
+from datetime import datetime
+from typing import Literal
+from uuid import UUID
+
+from pydantic import BaseModel, ConfigDict, Field
+
+Platform = Literal["telegram", "avito", "generic", "sandbox"]
+
+
+class InboundMessage(BaseModel):
+    """One buyer message, normalised from any platform. Published to chatq.inbound with
+    AMQP message_id = operation_id."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_: Literal["chatq.inbound.v1"] = Field(default="chatq.inbound.v1", alias="schema")
+    operation_id: UUID
+    platform: Platform
+    account_id: str
+    chat_id: str
+    message_id: str
+    author_id: str | None
+    text: str
+    sent_at: datetime
+    received_at: datetime
+
+    @property
+    def chat_key(self) -> str:
+        """One chat across platforms and accounts; the ordering and coalescing key."""
+        return chat_key(self.platform, self.account_id, self.chat_id)
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode()
+
+    @classmethod
+    def from_bytes(cls, body: bytes) -> InboundMessage:
+        return cls.model_validate_json(body)
+
+
+def chat_key(platform: str, account_id: str, chat_id: str) -> str:
+    return f"{platform}:{account_id}:{chat_id}"

@@ -1,0 +1,58 @@
+"""Prometheus metrics (design section 8). Names are a contract: dashboards and alerts
+use them. No chat, message or operation ids as labels."""
+
+from __future__ import annotations
+
+from prometheus_client import Counter, Gauge, Histogram
+
+LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
+REPLY_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 1800, 3600)
+
+WEBHOOKS = Counter(
+    "chatq_webhooks_total",
+    "Webhook deliveries by platform and outcome (accepted, duplicate, ignored, rejected).",
+    ["platform", "outcome"],
+)
+WEBHOOK_SECONDS = Histogram(
+    "chatq_webhook_seconds",
+    "Time from a webhook's arrival to its durable answer.",
+    ["platform"],
+    buckets=LATENCY_BUCKETS,
+)
+OPERATIONS = Counter(
+    "chatq_operations_total",
+    "Operations reaching a final state, by outcome (replied, failed, needs_review, ignored).",
+    ["outcome"],
+)
+RETRIES = Counter("chatq_retries_total", "Retries scheduled, by reason.", ["reason"])
+RECEIPT_TO_REPLY = Histogram(
+    "chatq_receipt_to_reply_seconds",
+    "Time from receiving a buyer's message to the platform accepting the reply.",
+    buckets=REPLY_BUCKETS,
+)
+BACKLOG = Gauge("chatq_backlog", "Unfinished operations by state.", ["state"])
+OLDEST_UNFINISHED = Gauge(
+    "chatq_oldest_unfinished_age_seconds", "Age of the oldest unfinished operation by state.", ["state"]
+)
+OUTBOX_PENDING = Gauge("chatq_outbox_pending", "Outbox rows not yet confirmed by the broker.")
+OUTBOX_LAG = Gauge(
+    "chatq_outbox_lag_seconds", "Age of the oldest outbox row not yet confirmed by the broker."
+)
+OUTBOX_PUBLISH_DELAY = Histogram(
+    "chatq_outbox_publish_delay_seconds",
+    "Time from an outbox row's insert to the broker's confirm.",
+    buckets=LATENCY_BUCKETS,
+)
+OUTBOX_PUBLISHED = Counter("chatq_outbox_published_total", "Outbox rows confirmed by the broker.")
+OUTBOX_PUBLISH_ERRORS = Counter(
+    "chatq_outbox_publish_errors_total", "Outbox publishes that failed, by reason.", ["reason"]
+)
+LLM_SECONDS = Histogram(
+    "chatq_llm_request_seconds", "Reply generation time.", ["outcome"], buckets=LATENCY_BUCKETS
+)
+PLATFORM_SECONDS = Histogram(
+    "chatq_platform_request_seconds",
+    "Platform API request time by platform and outcome.",
+    ["platform", "outcome"],
+    buckets=LATENCY_BUCKETS,
+)

@@ -1,0 +1,260 @@
+"""The transactional outbox: write a message in the caller's transaction; a relay
+publishes committed rows to RabbitMQ with publisher confirms.
+
+Where the relay runs: inside every process that writes outbox rows (the receiver for
+inbound messages, the coalescer for reply jobs), woken in-process right after each
+commit and polling as the fallback. Several relays (replicas) share the table safely:
+each claims a batch with ``FOR UPDATE SKIP LOCKED``, so a row is published by one relay
+at a time, and a relay that dies releases its claim with its connection. Delivery is
+at-least-once: a kill between the confirm and the mark publishes the row again, with the
+same message_id, and consumers deduplicate on it.
+
+Order: one relay publishes a chat's rows in id order and never marks a row published
+past an earlier row of the same ordering key that failed, so after a broker outage the
+chat's messages resume in order. Across replicas, two relays may interleave a chat's
+rows; consumers order by the platform's own order, never by arrival.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import time
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+from uuid import UUID
+
+import asyncpg
+
+from shared import metrics
+from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
+from shared.faults import fault_point
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True)
+class OutboxMessage:
+    exchange: str
+    routing_key: str
+    message_id: str
+    ordering_key: str
+    body: bytes
+    headers: Mapping[str, Any] = field(default_factory=dict)
+    operation_id: UUID | None = None
+
+
+INSERT_SQL = """
+INSERT INTO outbox (exchange, routing_key, message_id, ordering_key, operation_id, headers, body)
+VALUES ($1, $2, $3, $4, $5, $6::text::jsonb, $7)
+"""
+
+
+def insert_args(message: OutboxMessage) -> tuple[Any, ...]:
+    return (
+        message.exchange,
+        message.routing_key,
+        message.message_id,
+        message.ordering_key,
+        message.operation_id,
+        json.dumps(dict(message.headers)),
+        message.body,
+    )
+
+
+async def enqueue(conn: asyncpg.Connection, message: OutboxMessage) -> None:
+    """Add a message to the outbox. Must run inside the caller's transaction, so the
+    message exists if and only if the caller's state change committed."""
+    if not conn.is_in_transaction():
+        raise RuntimeError("outbox.enqueue must run inside the caller's transaction")
+    await conn.execute(INSERT_SQL, *insert_args(message))
+
+
+class PublishFailed(RuntimeError):
+    """Some rows of a batch were not confirmed; they stay pending and are retried."""
+
+
+_CLAIM_SQL = """
+SELECT id, exchange, routing_key, message_id, ordering_key, operation_id, headers, body
+FROM outbox
+WHERE published_at IS NULL
+ORDER BY id
+LIMIT $1
+FOR UPDATE SKIP LOCKED
+"""
+
+
+class Relay:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        publisher: ConfirmingPublisher,
+        *,
+        batch_size: int = 200,
+        poll_seconds: float = 1.0,
+        retention_seconds: float = 24 * 3600,
+        purge_interval_seconds: float = 60.0,
+        stats_interval_seconds: float = 5.0,
+    ) -> None:
+        self._pool = pool
+        self._publisher = publisher
+        self._batch_size = batch_size
+        self._poll_seconds = poll_seconds
+        self._retention = retention_seconds
+        self._purge_interval = purge_interval_seconds
+        self._stats_interval = stats_interval_seconds
+        self._wake = asyncio.Event()
+        self._stopping = False
+        self._last_purge = 0.0
+        self._last_stats = 0.0
+
+    def notify(self) -> None:
+        """Wake the relay: a row was just committed. Cheap; call after every commit."""
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def run(self) -> None:
+        """Publish until stopped, surviving broker and database outages."""
+        backoff = 0.1
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                await self._publisher.ensure_ready()
+                while not self._stopping and await self.run_once() > 0:
+                    pass
+                backoff = 0.1
+                await self._housekeeping()
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("relay: %s; retrying in %.1fs", _describe(exc), backoff)
+                await self._publisher.reset()
+                await asyncio.sleep(backoff)
+                backoff = min(backoff * 2, 2.0)
+                continue
+            try:
+                await asyncio.wait_for(self._wake.wait(), timeout=self._poll_seconds)
+            except TimeoutError:
+                pass
+
+    async def run_once(self) -> int:
+        """Claim one batch, publish it, mark what was confirmed. Returns rows published."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            rows = await conn.fetch(_CLAIM_SQL, self._batch_size)
+            if not rows:
+                return 0
+            results = await self._publisher.publish_many(
+                [
+                    OutgoingMessage(
+                        exchange=r["exchange"],
+                        routing_key=r["routing_key"],
+                        message_id=r["message_id"],
+                        body=r["body"],
+                        headers=r["headers"],
+                    )
+                    for r in rows
+                ]
+            )
+            fault_point("relay.after_publish")
+            first_failure: dict[str, int] = {}
+            for row, error in zip(rows, results, strict=True):
+                if error is not None and row["ordering_key"] not in first_failure:
+                    first_failure[row["ordering_key"]] = row["id"]
+            confirmed = [
+                row
+                for row, error in zip(rows, results, strict=True)
+                if error is None and row["id"] < first_failure.get(row["ordering_key"], 1 << 62)
+            ]
+            if confirmed:
+                delays = await conn.fetch(
+                    """
+                    UPDATE outbox SET published_at = clock_timestamp()
+                    WHERE id = ANY($1::bigint[])
+                    RETURNING extract(epoch FROM published_at - created_at)::float8 AS delay
+                    """,
+                    [r["id"] for r in confirmed],
+                )
+                operation_ids = [r["operation_id"] for r in confirmed if r["operation_id"]]
+                if operation_ids:
+                    await conn.execute(
+                        """
+                        UPDATE operations SET status = 'queued', updated_at = now()
+                        WHERE id = ANY($1::uuid[]) AND status = 'accepted'
+                        """,
+                        operation_ids,
+                    )
+                for d in delays:
+                    metrics.OUTBOX_PUBLISH_DELAY.observe(max(d["delay"], 0.0))
+                metrics.OUTBOX_PUBLISHED.inc(len(confirmed))
+            errors = [(row, e) for row, e in zip(rows, results, strict=True) if e is not None]
+            if errors:
+                await conn.execute(
+                    """
+                    UPDATE outbox SET publish_attempts = publish_attempts + 1, last_error = $2
+                    WHERE id = ANY($1::bigint[])
+                    """,
+                    [row["id"] for row, _ in errors],
+                    _describe(errors[0][1])[:500],
+                )
+                for _, e in errors:
+                    metrics.OUTBOX_PUBLISH_ERRORS.labels(reason=type(e).__name__).inc()
+            fault_point("relay.after_mark")
+        if errors:
+            raise PublishFailed(
+                f"{len(errors)} of {len(rows)} outbox rows not confirmed (first: {_describe(errors[0][1])})"
+            )
+        return len(confirmed)
+
+    async def _housekeeping(self) -> None:
+        now = time.monotonic()
+        if now - self._last_stats >= self._stats_interval:
+            self._last_stats = now
+            await self.refresh_stats()
+        if now - self._last_purge >= self._purge_interval:
+            self._last_purge = now
+            await self.purge()
+
+    async def refresh_stats(self) -> tuple[int, float]:
+        row = await self._pool.fetchrow(
+            """
+            SELECT count(*) AS pending,
+                   coalesce(extract(epoch FROM clock_timestamp() - min(created_at)), 0)::float8 AS lag
+            FROM outbox WHERE published_at IS NULL
+            """
+        )
+        assert row is not None
+        metrics.OUTBOX_PENDING.set(row["pending"])
+        metrics.OUTBOX_LAG.set(row["lag"])
+        return row["pending"], row["lag"]
+
+    async def purge(self) -> int:
+        """Delete published rows older than the retention period, in bounded chunks."""
+        total = 0
+        while True:
+            status = await self._pool.execute(
+                """
+                DELETE FROM outbox WHERE id IN (
+                    SELECT id FROM outbox
+                    WHERE published_at IS NOT NULL
+                      AND published_at < clock_timestamp() - make_interval(secs => $1)
+                    LIMIT 5000)
+                """,
+                self._retention,
+            )
+            n = int(status.split()[-1])
+            total += n
+            if n < 5000:
+                break
+        if total:
+            logger.info("relay: purged %d published outbox rows", total)
+        return total
+
+
+def _describe(exc: BaseException) -> str:
+    text = str(exc) or repr(exc)
+    return f"{type(exc).__name__}: {text}"

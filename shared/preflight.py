@@ -1,0 +1,96 @@
+"""Check that Postgres and RabbitMQ answer before a run or a test session, and say
+exactly what to start when they do not. ``--create-database`` creates the database
+named in the URL when the server answers but the database does not exist yet."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import socket
+import sys
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+
+START_POSTGRES = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
+START_RABBITMQ = "rabbitmq-server -detached"
+ENABLE_MANAGEMENT = "rabbitmq-plugins enable rabbitmq_management rabbitmq_prometheus"
+
+
+def _tcp_open(host: str, port: int) -> bool:
+    try:
+        with socket.create_connection((host, port), timeout=3):
+            return True
+    except OSError:
+        return False
+
+
+async def _check_postgres(url: str, create: bool) -> str | None:
+    try:
+        conn = await asyncpg.connect(url, timeout=5)
+        await conn.close()
+        return None
+    except asyncpg.InvalidCatalogNameError:
+        if not create:
+            return f"Postgres answers but the database in {_redact(url)} does not exist"
+        parts = urlsplit(url)
+        name = parts.path.lstrip("/")
+        admin = urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, ""))
+        conn = await asyncpg.connect(admin, timeout=5)
+        try:
+            await conn.execute(f'CREATE DATABASE "{name}"')
+        except asyncpg.DuplicateDatabaseError:
+            pass
+        finally:
+            await conn.close()
+        print(f"created database {name}")
+        return None
+    except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
+        return f"Postgres at {_redact(url)} does not answer ({type(exc).__name__}: {exc}). Start it: {START_POSTGRES}"
+
+
+def _redact(url: str) -> str:
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    if parts.username:
+        netloc = f"{parts.username}:***@{netloc}" if parts.password else f"{parts.username}@{netloc}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__)
+    parser.add_argument("--database-url", required=True)
+    parser.add_argument("--amqp-url", required=True)
+    parser.add_argument("--rabbitmq-api-url", help="management API, needed by the test suite for vhosts")
+    parser.add_argument("--create-database", action="store_true")
+    args = parser.parse_args(argv)
+    problems: list[str] = []
+    pg = asyncio.run(_check_postgres(args.database_url, args.create_database))
+    if pg:
+        problems.append(pg)
+    amqp = urlsplit(args.amqp_url)
+    if not _tcp_open(amqp.hostname or "127.0.0.1", amqp.port or 5672):
+        problems.append(f"RabbitMQ at {_redact(args.amqp_url)} does not answer. Start it: {START_RABBITMQ}")
+    elif args.rabbitmq_api_url:
+        api = urlsplit(args.rabbitmq_api_url)
+        try:
+            httpx.get(
+                urlunsplit((api.scheme, f"{api.hostname}:{api.port or 15672}", api.path + "/overview", "", "")),
+                auth=(api.username or "guest", api.password or "guest"),
+                timeout=5,
+            ).raise_for_status()
+        except httpx.HTTPError as exc:
+            problems.append(
+                f"RabbitMQ's management API at {_redact(args.rabbitmq_api_url)} does not answer ({exc}). "
+                f"Enable it: {ENABLE_MANAGEMENT}"
+            )
+    for p in problems:
+        print(f"preflight: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,132 @@
+"""Process settings: one object per process, parsed in ``__main__`` and passed down.
+
+Every setting is read from the environment with the prefix ``CHATQ_`` (design section 6).
+Nothing else in the code base reads the environment.
+"""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field, SecretStr, field_validator, model_validator
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/chatqueue"
+LOCAL_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+
+class Settings(BaseSettings):
+    """All chatqueue settings. Defaults are for local development only.
+
+    With ``CHATQ_ENV=production`` the validator refuses the local defaults (guest
+    credentials, trust-auth Postgres) and webhook endpoints whose secret is empty.
+    """
+
+    model_config = SettingsConfigDict(env_prefix="CHATQ_", extra="ignore", frozen=True)
+
+    env: Literal["development", "production"] = "development"
+    log_level: str = "INFO"
+
+    database_url: SecretStr = SecretStr(LOCAL_DATABASE_URL)
+    database_pool_size: int = Field(default=10, ge=1, le=200)
+    amqp_url: SecretStr = SecretStr(LOCAL_AMQP_URL)
+    migrate_on_start: bool = True
+
+    # Platforms
+    telegram_bot_token: SecretStr | None = None
+    telegram_webhook_secret: SecretStr | None = None
+    telegram_api_base: str = "https://api.telegram.org"
+    avito_client_id: str | None = None
+    avito_client_secret: SecretStr | None = None
+    avito_webhook_secret: SecretStr | None = None
+    avito_api_base: str = "https://api.avito.ru"
+    generic_webhook_secret: SecretStr | None = None
+    generic_reply_url: str | None = None
+    generic_reply_secret: SecretStr | None = None
+
+    # Reply logic
+    llm_base_url: str | None = None
+    llm_api_key: SecretStr | None = None
+    llm_model: str = "gpt-4o-mini"
+    llm_timeout_seconds: float = Field(default=20.0, gt=0)
+    facts_file: str | None = None
+
+    # Coalescing (design section 4)
+    quiet_seconds: float = Field(default=8.0, ge=0)
+    reply_delay_min_seconds: float = Field(default=20.0, ge=0)
+    reply_delay_max_seconds: float = Field(default=60.0, ge=0)
+    max_wait_seconds: float = Field(default=120.0, ge=0)
+
+    # Responder
+    retry_delays_seconds: str = "1,10,60,300"
+    max_attempts: int = Field(default=5, ge=1)
+    responder_concurrency: int = Field(default=8, ge=1, le=1000)
+
+    # Operations
+    admin_token: SecretStr | None = None
+    alert_webhook_url: str | None = None
+    http_host: str = "127.0.0.1"
+    http_port: int = Field(default=8080, ge=0, le=65535)
+    metrics_port: int = Field(default=9100, ge=0, le=65535)
+
+    # Intake
+    max_body_bytes: int = Field(default=256 * 1024, ge=1024)
+    generic_timestamp_tolerance_seconds: int = Field(default=300, ge=1)
+
+    # Relay
+    relay_enabled: bool = True
+    relay_batch_size: int = Field(default=200, ge=1, le=5000)
+    relay_poll_seconds: float = Field(default=1.0, gt=0)
+    relay_retention_seconds: float = Field(default=24 * 3600, ge=0)
+    relay_purge_interval_seconds: float = Field(default=60.0, gt=0)
+
+    # Testing: a named fault point kills the process with SIGKILL when reached.
+    fault_point: str | None = None
+
+    @field_validator("telegram_webhook_secret")
+    @classmethod
+    def _telegram_secret_charset(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None:
+            return v
+        raw = v.get_secret_value()
+        if not (1 <= len(raw) <= 256) or not all(c.isascii() and (c.isalnum() or c in "_-") for c in raw):
+            raise ValueError("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ -")
+        return v
+
+    @model_validator(mode="after")
+    def _coherent(self) -> Settings:
+        if self.reply_delay_min_seconds > self.reply_delay_max_seconds:
+            raise ValueError("REPLY_DELAY_MIN_SECONDS must not exceed REPLY_DELAY_MAX_SECONDS")
+        self.retry_delays()  # validates the list
+        if self.env == "production":
+            if "guest:guest@" in self.amqp_url.get_secret_value():
+                raise ValueError("CHATQ_AMQP_URL uses the guest account; set real credentials")
+            if self.database_url.get_secret_value() == LOCAL_DATABASE_URL:
+                raise ValueError("CHATQ_DATABASE_URL is the local development default")
+            for name in (
+                "telegram_webhook_secret",
+                "avito_webhook_secret",
+                "generic_webhook_secret",
+                "admin_token",
+            ):
+                value = getattr(self, name)
+                if value is not None and len(value.get_secret_value()) < 16:
+                    raise ValueError(f"CHATQ_{name.upper()} must be at least 16 characters")
+        return self
+
+    def retry_delays(self) -> list[float]:
+        """Delays of the retry tiers, in seconds, from RETRY_DELAYS_SECONDS."""
+        try:
+            delays = [float(p) for p in self.retry_delays_seconds.split(",") if p.strip()]
+        except ValueError as exc:
+            raise ValueError("RETRY_DELAYS_SECONDS must be a comma-separated list of seconds") from exc
+        if not delays or any(d <= 0 for d in delays):
+            raise ValueError("RETRY_DELAYS_SECONDS needs at least one positive delay")
+        return delays
+
+    @property
+    def telegram_account_id(self) -> str:
+        """The bot's id: the part of the bot token before the colon ("bot" without a token)."""
+        if self.telegram_bot_token is None:
+            return "bot"
+        return self.telegram_bot_token.get_secret_value().split(":", 1)[0] or "bot"

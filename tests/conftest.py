@@ -1,0 +1,90 @@
+"""Fixtures shared by every test layer. Service fixtures connect only when a test asks
+for them, so ``tests/unit`` runs without Postgres or RabbitMQ."""
+
+from __future__ import annotations
+
+import base64
+from collections.abc import AsyncIterator
+from typing import Any
+
+import asyncpg
+import pytest
+
+from shared.broker.connection import BrokerConnection
+from shared.broker.topology import build_topology
+from shared.db import create_pool
+from shared.migrate import migrate
+from shared.settings import Settings
+from tests.support.broker import QueueInspector
+from tests.support.infra import Infra, InfraUnavailable, provision_infra
+
+TELEGRAM_SECRET = "tg-secret-for-tests"
+AVITO_SECRET = "avito-path-secret-for-tests"
+GENERIC_SECRET = "whsec_" + base64.b64encode(b"generic-secret-for-tests-0123456").decode()
+ADMIN_TOKEN = "admin-token-for-tests"
+TEST_TOPOLOGY = build_topology()
+ALL_QUEUES = tuple(q.name for q in TEST_TOPOLOGY.queues)
+
+
+@pytest.fixture(scope="session")
+async def infra() -> AsyncIterator[Infra]:
+    try:
+        async with provision_infra() as provisioned:
+            conn = await asyncpg.connect(provisioned.database_url)
+            try:
+                await migrate(conn)
+            finally:
+                await conn.close()
+            broker = BrokerConnection(provisioned.amqp_url, TEST_TOPOLOGY, name="chatq-tests")
+            await broker.connect()  # declares the topology in the session's vhost
+            await broker.close()
+            yield provisioned
+    except InfraUnavailable as exc:
+        pytest.fail(str(exc), pytrace=False)
+
+
+def make_settings(infra: Infra, **overrides: Any) -> Settings:
+    values: dict[str, Any] = {
+        "database_url": infra.database_url,
+        "amqp_url": infra.amqp_url,
+        "telegram_webhook_secret": TELEGRAM_SECRET,
+        "telegram_bot_token": "4242:test-token",
+        "avito_webhook_secret": AVITO_SECRET,
+        "generic_webhook_secret": GENERIC_SECRET,
+        "admin_token": ADMIN_TOKEN,
+        "relay_poll_seconds": 0.2,
+        "database_pool_size": 12,
+    }
+    values.update(overrides)
+    return Settings(**values)
+
+
+@pytest.fixture
+def settings(infra: Infra) -> Settings:
+    return make_settings(infra)
+
+
+@pytest.fixture(scope="session")
+async def pool(infra: Infra) -> AsyncIterator[asyncpg.Pool]:
+    p = await create_pool(infra.database_url, size=8)
+    yield p
+    await p.close()
+
+
+@pytest.fixture(scope="session")
+async def queues(infra: Infra) -> AsyncIterator[QueueInspector]:
+    inspector = QueueInspector(infra.amqp_url)
+    yield inspector
+    await inspector.close()
+
+
+@pytest.fixture
+async def clean(pool: asyncpg.Pool, queues: QueueInspector) -> None:
+    """Start a test from empty tables and empty queues."""
+    await pool.execute("TRUNCATE operations, outbox RESTART IDENTITY")
+    await queues.purge(*ALL_QUEUES)
+
+
+def replace(settings: Settings, **changes: Any) -> Settings:
+    """A validated copy of settings with some values changed (model_copy skips validation)."""
+    return Settings(**{**settings.model_dump(), **changes})

@@ -1,0 +1,199 @@
+"""The outbox relay against real Postgres and RabbitMQ."""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import uuid
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import pytest
+
+from shared.broker.connection import BrokerConnection
+from shared.broker.publisher import ConfirmingPublisher
+from shared.broker.topology import COALESCER_QUEUE, INBOUND_EXCHANGE, JOBS_EXCHANGE
+from shared.outbox import OutboxMessage, PublishFailed, Relay, enqueue
+from tests.conftest import TELEGRAM_SECRET, TEST_TOPOLOGY, replace
+from tests.support.broker import QueueInspector, wait_for
+from tests.support.payloads import telegram_update
+from tests.support.receiver import running_receiver
+from tests.support.tcpproxy import TcpProxy
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
+
+TG = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
+
+
+def row(message_id: str, ordering_key: str, *, exchange: str = INBOUND_EXCHANGE, rk: str = "inbound.test"):
+    return OutboxMessage(
+        exchange=exchange,
+        routing_key=rk,
+        message_id=message_id,
+        ordering_key=ordering_key,
+        body=json.dumps({"id": message_id}).encode(),
+    )
+
+
+async def add(pool: asyncpg.Pool, *messages: OutboxMessage) -> None:
+    async with pool.acquire() as conn, conn.transaction():
+        for m in messages:
+            await enqueue(conn, m)
+
+
+def via_proxy(amqp_url: str, port: int) -> str:
+    parts = urlsplit(amqp_url)
+    netloc = f"{parts.username}:{parts.password}@127.0.0.1:{port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
+
+
+async def test_enqueue_refuses_to_run_outside_a_transaction(pool: asyncpg.Pool) -> None:
+    async with pool.acquire() as conn:
+        with pytest.raises(RuntimeError, match="inside the caller's transaction"):
+            await enqueue(conn, row("x", "k"))
+
+
+async def test_an_unroutable_message_is_an_error_and_later_rows_of_its_chat_wait_behind_it(
+    infra, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    # a1 cannot be routed (no queue is bound to chatq.jobs under "nowhere"); a2 is behind
+    # it in the same chat; b1 is in another chat.
+    await add(
+        pool,
+        row("a1", "chat-a", exchange=JOBS_EXCHANGE, rk="nowhere"),
+        row("a2", "chat-a"),
+        row("b1", "chat-b"),
+    )
+    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
+    relay = Relay(pool, ConfirmingPublisher(broker))
+    try:
+        with pytest.raises(PublishFailed, match="1 of 3"):
+            await relay.run_once()
+    finally:
+        await broker.close()
+    rows = await pool.fetch(
+        "SELECT message_id, published_at IS NOT NULL AS done, last_error FROM outbox ORDER BY id"
+    )
+    assert [(r["message_id"], r["done"]) for r in rows] == [("a1", False), ("a2", False), ("b1", True)]
+    assert "NO_ROUTE" in rows[0]["last_error"]
+    # a2 and b1 reached the broker; a2 will be published again after a1, with the same id.
+    assert sorted(m.message_id for m in await queues.drain(COALESCER_QUEUE)) == ["a2", "b1"]
+
+
+async def test_the_relay_marks_the_operation_queued_only_after_the_broker_confirmed(
+    settings, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    async with running_receiver(replace(settings, relay_enabled=False)) as (_, client):
+        r = await client.post("/v1/webhooks/telegram", json=telegram_update(1), headers=TG)
+    op = uuid.UUID(r.json()["operation_id"])
+    assert await pool.fetchval("SELECT status FROM operations WHERE id = $1", op) == "accepted"
+    broker = BrokerConnection(settings.amqp_url.get_secret_value(), TEST_TOPOLOGY)
+    try:
+        assert await Relay(pool, ConfirmingPublisher(broker)).run_once() == 1
+    finally:
+        await broker.close()
+    assert await pool.fetchval("SELECT status FROM operations WHERE id = $1", op) == "queued"
+    assert [m.message_id for m in await queues.drain(COALESCER_QUEUE)] == [str(op)]
+
+
+async def test_webhooks_are_accepted_while_rabbitmq_is_unreachable_and_published_in_order_when_it_returns(
+    settings, infra, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    target = urlsplit(infra.amqp_url)
+    proxy = await TcpProxy(target.hostname or "127.0.0.1", target.port or 5672).start()
+    proxy.block()
+    behind_proxy = replace(settings, amqp_url=via_proxy(infra.amqp_url, proxy.port), relay_poll_seconds=0.1)
+    try:
+        async with running_receiver(behind_proxy) as (_, client):
+            for i in range(1, 21):
+                r = await client.post(
+                    "/v1/webhooks/telegram", json=telegram_update(i, chat_id=1 + i % 2), headers=TG
+                )
+                assert r.status_code == 200
+            ready = (await client.get("/readyz")).json()
+            assert ready["status"] == "degraded"
+            assert ready["checks"]["rabbitmq"] == "unreachable"
+            assert await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 20
+            proxy.unblock()
+            await wait_for(
+                lambda: pool.fetchval("SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"),
+                what="outbox drained",
+            )
+            # A broker restart in the middle of a stream: cut everything while posting.
+            for i in range(21, 61):
+                if i == 40:
+                    proxy.block()
+                if i == 45:
+                    proxy.unblock()
+                r = await client.post(
+                    "/v1/webhooks/telegram", json=telegram_update(i, chat_id=1 + i % 2), headers=TG
+                )
+                assert r.status_code == 200
+            await wait_for(
+                lambda: pool.fetchval("SELECT count(*) = 0 FROM outbox WHERE published_at IS NULL"),
+                within=30,
+                what="outbox drained after the cut",
+            )
+            assert await pool.fetchval("SELECT count(*) FROM operations WHERE status = 'queued'") == 60
+    finally:
+        await proxy.close()
+    messages = await queues.drain(COALESCER_QUEUE)
+    ids = await pool.fetch("SELECT id::text, message_id, chat_id FROM operations")
+    by_op = {r["id"]: (r["chat_id"], int(r["message_id"])) for r in ids}
+    assert {m.message_id for m in messages} == set(by_op), "every stored message reached the broker"
+    # Within a chat, first arrivals are in the order the messages were received.
+    for chat in ("1", "2"):
+        seen: list[int] = []
+        for m in messages:
+            c, n = by_op[m.message_id]
+            if c == chat and n not in seen:
+                seen.append(n)
+        assert seen == sorted(seen), f"chat {chat} reordered: {seen}"
+
+
+async def test_published_rows_are_purged_after_the_retention_period_and_pending_rows_never(
+    infra, pool: asyncpg.Pool
+) -> None:
+    await add(pool, row("old", "k"), row("recent", "k"), row("pending", "k"))
+    await pool.execute(
+        """
+        UPDATE outbox SET created_at = now() - interval '3 hours', published_at = now() - interval '2 hours'
+        WHERE message_id = 'old';
+        UPDATE outbox SET published_at = clock_timestamp() WHERE message_id = 'recent';
+        """
+    )
+    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
+    relay = Relay(pool, ConfirmingPublisher(broker), retention_seconds=3600)
+    assert await relay.purge() == 1
+    assert sorted(r["message_id"] for r in await pool.fetch("SELECT message_id FROM outbox")) == [
+        "pending",
+        "recent",
+    ]
+    pending, lag = await relay.refresh_stats()
+    assert pending == 1
+    assert lag >= 0
+    await broker.close()
+
+
+async def test_two_relays_publish_every_row_exactly_once_between_them(
+    infra, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    await add(pool, *(row(f"m{i}", f"chat-{i % 7}") for i in range(500)))
+    brokers = [BrokerConnection(infra.amqp_url, TEST_TOPOLOGY, name=f"relay-{i}") for i in range(2)]
+    relays = [Relay(pool, ConfirmingPublisher(b), batch_size=50) for b in brokers]
+
+    async def drain(relay: Relay) -> int:
+        total = 0
+        while n := await relay.run_once():
+            total += n
+        return total
+
+    try:
+        counts = await asyncio.gather(*(drain(r) for r in relays))
+    finally:
+        for b in brokers:
+            await b.close()
+    assert sum(counts) == 500
+    messages = await queues.drain(COALESCER_QUEUE)
+    assert len(messages) == 500
+    assert len({m.message_id for m in messages}) == 500
