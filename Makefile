@@ -14,7 +14,7 @@ export CHATQ_TEST_DATABASE_URL CHATQ_TEST_AMQP_URL CHATQ_TEST_RABBITMQ_API_URL
 
 PYTEST_ARGS ?=
 
-.PHONY: install test unit integration e2e lint run migrate definitions services-check clean
+.PHONY: install test unit integration e2e lint run migrate definitions services-check bench tools-bench clean
 
 install: $(STAMP)
 
@@ -60,6 +60,14 @@ run: install
 	  --database-url "$${CHATQ_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/chatqueue}" \
 	  --amqp-url "$${CHATQ_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}"
 	CHATQ_HTTP_PORT=$${CHATQ_HTTP_PORT:-8080} $(BIN)/python -m services.receiver
+
+# Load tools: wrk from Debian's packages (pgbench comes with PostgreSQL).
+tools-bench:
+	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
+	@command -v pgbench >/dev/null || { echo "pgbench not found (postgresql-client)"; exit 1; }
+
+bench: install services-check tools-bench
+	$(BIN)/python -m bench.intake
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -13,6 +13,13 @@ async def _init_connection(conn: asyncpg.Connection) -> None:
     await conn.set_type_codec("jsonb", encoder=json.dumps, decoder=json.loads, schema="pg_catalog")
 
 
+async def _keep_session(conn: asyncpg.Connection) -> None:
+    """Pool release hook that skips asyncpg's default reset query (a round trip per
+    release: RESET ALL, UNLISTEN, advisory unlock). Pooled connections here never change
+    session state; asyncpg still rolls back any open transaction before this runs.
+    Code that needs session state (LISTEN, advisory locks) takes its own connection."""
+
+
 async def create_pool(dsn: str, *, size: int = 10, **kwargs: Any) -> asyncpg.Pool:
     """Open a pool. Called from a composition root, never at import time."""
     pool = await asyncpg.create_pool(
@@ -21,6 +28,7 @@ async def create_pool(dsn: str, *, size: int = 10, **kwargs: Any) -> asyncpg.Poo
         max_size=size,
         init=_init_connection,
         command_timeout=30,
+        reset=_keep_session,
         **kwargs,
     )
     assert pool is not None

@@ -78,7 +78,9 @@ def main(argv: list[str] | None = None) -> int:
         api = urlsplit(args.rabbitmq_api_url)
         try:
             httpx.get(
-                urlunsplit((api.scheme, f"{api.hostname}:{api.port or 15672}", api.path + "/overview", "", "")),
+                urlunsplit(
+                    (api.scheme, f"{api.hostname}:{api.port or 15672}", api.path + "/overview", "", "")
+                ),
                 auth=(api.username or "guest", api.password or "guest"),
                 timeout=5,
             ).raise_for_status()

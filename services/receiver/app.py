@@ -22,7 +22,7 @@ from shared.broker.publisher import ConfirmingPublisher
 from shared.broker.topology import build_topology
 from shared.db import create_pool
 from shared.faults import fault_point
-from shared.migrate import migrate
+from shared.migrate import migrate_dsn
 from shared.outbox import Relay
 from shared.settings import Settings
 
@@ -141,10 +141,9 @@ def create_app(settings: Settings) -> FastAPI:
 
 async def _start(settings: Settings) -> Runtime:
     dsn = settings.database_url.get_secret_value()
-    pool = await create_pool(dsn, size=settings.database_pool_size)
     if settings.migrate_on_start:
-        async with pool.acquire() as conn:
-            await migrate(conn)
+        await migrate_dsn(dsn)
+    pool = await create_pool(dsn, size=settings.database_pool_size)
     broker = BrokerConnection(
         settings.amqp_url.get_secret_value(),
         build_topology(settings.retry_delays()),

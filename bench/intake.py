@@ -1,0 +1,269 @@
+"""Intake benchmark: the receiver under wrk on loopback, next to pgbench running the
+identical inbox+outbox statement at the same concurrency, in the same run.
+
+Usage: python -m bench.intake [--connections 32] [--seconds 15]
+Needs wrk and pgbench on PATH (``make bench`` installs wrk). Absolute figures drift on
+shared machines; the ratio to pgbench in the same run is the figure to read.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import re
+import secrets
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+
+from shared.migrate import migrate
+from shared.settings import Settings
+from tests.support.processes import Receiver
+
+ROOT = Path(__file__).resolve().parents[1]
+RESULTS = ROOT / "bench" / "results"
+SECRET = "bench-secret"
+TEXT = "Hello! Is the bike still available, and do you deliver to Kazan?"
+
+WRK_SCRIPT = r"""
+local counter = 0
+local threads = 0
+-- Every run and thread gets its own id range, so no request repeats an earlier one.
+local run_base = (os.time() % 1000000) * 1000000000
+setup = function(thread)
+  thread:set("tid", threads)
+  thread:set("base", run_base)
+  threads = threads + 1
+end
+request = function()
+  counter = counter + 1
+  local id = base + tid * 100000000 + counter
+  local chat = id % 5000
+  local body = string.format('{"update_id":%d,"message":{"message_id":%d,"from":{"id":%d,"is_bot":false,"first_name":"Buyer"},"chat":{"id":%d,"type":"private"},"date":1764400000,"text":"TEXT"}}', id, id, chat, chat)
+  return wrk.format("POST", "/v1/webhooks/telegram", {["Content-Type"]="application/json", ["X-Telegram-Bot-Api-Secret-Token"]="SECRET"}, body)
+end
+""".replace("TEXT", TEXT).replace("SECRET", SECRET)
+
+# The receiver's statement (services/receiver/intake.py), with pgbench variables.
+PGBENCH_SCRIPT = """
+\\set id random(1, 9000000000000)
+\\set chat random(1, 5000)
+WITH op AS (
+    INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id,
+                            author_id, text, sent_at, status, status_reason, received_at, payload)
+    VALUES (gen_random_uuid(), 'telegram', '4242', :id::text, :chat::text, :id::text, :chat::text,
+            'TEXT', now(), 'accepted', NULL, now(),
+            ('{"update_id":' || :id || ',"message":{"message_id":' || :id || ',"from":{"id":' || :chat || ',"is_bot":false,"first_name":"Buyer"},"chat":{"id":' || :chat || ',"type":"private"},"date":1764400000,"text":"TEXT"}}')::json)
+    ON CONFLICT DO NOTHING
+    RETURNING id, status
+), ob AS (
+    INSERT INTO outbox (exchange, routing_key, message_id, ordering_key, operation_id, body)
+    SELECT 'chatq.inbound', 'inbound.telegram', op.id::text, 'telegram:4242:' || :chat, op.id,
+           convert_to('{"schema":"chatq.inbound.v1","operation_id":"' || op.id || '","platform":"telegram","account_id":"4242","chat_id":"' || :chat || '","message_id":"' || :id || '","author_id":"' || :chat || '","text":"TEXT","sent_at":"2026-11-29T07:00:00Z","received_at":"2026-11-29T07:00:00Z"}', 'UTF8')
+    FROM op WHERE op.status = 'accepted'
+)
+SELECT id, status FROM op;
+""".replace("TEXT", TEXT)
+
+
+def _with_db(url: str, name: str) -> str:
+    p = urlsplit(url)
+    return urlunsplit((p.scheme, p.netloc, f"/{name}", p.query, ""))
+
+
+def parse_wrk(out: str) -> dict[str, float]:
+    def ms(value: str, unit: str) -> float:
+        return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
+
+    rps = float(re.search(r"Requests/sec:\s+([\d.]+)", out)[1])  # type: ignore[index]
+    lat = {p: ms(v, u) for p, v, u in re.findall(r"\s(50|75|90|99)%\s+([\d.]+)(us|ms|s)", out)}
+    non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
+    errors = re.search(r"Socket errors: (.*)", out)
+    return {
+        "rps": rps,
+        "p50_ms": lat.get("50", float("nan")),
+        "p99_ms": lat.get("99", float("nan")),
+        "non_2xx": int(non2xx[1]) if non2xx else 0,
+        "socket_errors": errors[1] if errors else "",
+    }
+
+
+def parse_pgbench(out: str) -> dict[str, float]:
+    tps = float(re.search(r"tps = ([\d.]+)", out)[1])  # type: ignore[index]
+    lat = re.search(r"latency average = ([\d.]+) ms", out)
+    return {"tps": tps, "latency_avg_ms": float(lat[1]) if lat else float("nan")}
+
+
+async def fresh_database(admin_url: str) -> tuple[str, str]:
+    name = f"chatq_bench_{secrets.token_hex(3)}"
+    conn = await asyncpg.connect(admin_url)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    url = _with_db(admin_url, name)
+    conn = await asyncpg.connect(url)
+    await migrate(conn)
+    await conn.close()
+    return name, url
+
+
+async def drop_database(admin_url: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await conn.close()
+
+
+async def truncate(url: str) -> None:
+    conn = await asyncpg.connect(url)
+    await conn.execute("TRUNCATE operations, outbox")
+    await conn.execute("VACUUM ANALYZE operations")
+    await conn.execute("VACUUM ANALYZE outbox")
+    await conn.close()
+
+
+def pgbench(db_url: str, name: str, script: str, connections: int, seconds: int) -> dict[str, float]:
+    pg = urlsplit(db_url)
+    out = subprocess.run(
+        [
+            "pgbench",
+            "-n",
+            "-h",
+            pg.hostname or "127.0.0.1",
+            "-p",
+            str(pg.port or 5432),
+            "-U",
+            pg.username or "postgres",
+            "-c",
+            str(connections),
+            "-j",
+            "2",
+            "-T",
+            str(seconds),
+            "-f",
+            script,
+            name,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return parse_pgbench(out)
+
+
+def wrk(url: str, lua: str, connections: int, seconds: int, threads: int = 2) -> dict[str, float]:
+    out = subprocess.run(
+        [
+            "wrk",
+            f"-t{min(threads, connections)}",
+            f"-c{connections}",
+            "--latency",
+            "-s",
+            lua,
+            f"-d{seconds}s",
+            url,
+        ],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+    return parse_wrk(out)
+
+
+async def run(args: argparse.Namespace) -> dict[str, object]:
+    for tool in ("wrk", "pgbench"):
+        if not shutil.which(tool):
+            sys.exit(f"{tool} is not on PATH (make bench installs wrk; pgbench comes with PostgreSQL)")
+    # Two databases of the same schema: pgbench's rows must not become work for the
+    # receiver's relay.
+    name, db_url = await fresh_database(args.admin_database_url)
+    pg_name, pg_url = await fresh_database(args.admin_database_url)
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(WRK_SCRIPT)
+        lua = f.name
+    with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
+        f.write(PGBENCH_SCRIPT)
+        script = f.name
+    light_conn = max(1, args.connections // 8)
+    rounds: list[dict[str, dict[str, float]]] = []
+    try:
+        settings = Settings(
+            database_url=db_url,
+            amqp_url=args.amqp_url,
+            telegram_webhook_secret=SECRET,
+            telegram_bot_token="4242:bench",
+            database_pool_size=args.connections,
+            log_level="WARNING",
+        )
+        receiver = await Receiver(settings).start()
+        try:
+            wrk(receiver.url, lua, 4, 2)  # warm-up
+            # Alternate the two sides so that the machine's drift hits both alike.
+            for _ in range(args.rounds):
+                rounds.append(
+                    {
+                        "receiver": wrk(receiver.url, lua, args.connections, args.seconds),
+                        "pgbench": pgbench(pg_url, pg_name, script, args.connections, args.seconds),
+                        "receiver_light": wrk(receiver.url, lua, light_conn, args.seconds, threads=1),
+                    }
+                )
+        finally:
+            await receiver.stop()
+        conn = await asyncpg.connect(db_url)
+        unpublished = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+        await conn.close()
+    finally:
+        await drop_database(args.admin_database_url, name)
+        await drop_database(args.admin_database_url, pg_name)
+    ratios = sorted(r["receiver"]["rps"] / r["pgbench"]["tps"] for r in rounds)
+    return {
+        "connections": args.connections,
+        "light_connections": light_conn,
+        "seconds": args.seconds,
+        "rounds": rounds,
+        "ratio_median": statistics.median(ratios),
+        "receiver_rps_median": statistics.median(r["receiver"]["rps"] for r in rounds),
+        "receiver_p99_ms_median": statistics.median(r["receiver"]["p99_ms"] for r in rounds),
+        "pgbench_tps_median": statistics.median(r["pgbench"]["tps"] for r in rounds),
+        "light_rps_median": statistics.median(r["receiver_light"]["rps"] for r in rounds),
+        "light_p99_ms_median": statistics.median(r["receiver_light"]["p99_ms"] for r in rounds),
+        "non_2xx": sum(r["receiver"]["non_2xx"] + r["receiver_light"]["non_2xx"] for r in rounds),
+        "unpublished_at_stop": unpublished,
+    }
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    parser.add_argument("--connections", type=int, default=32)
+    parser.add_argument("--seconds", type=int, default=10)
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
+    args = parser.parse_args()
+    result = asyncio.run(run(args))
+    print(f"intake: {args.rounds} alternating rounds of {args.seconds}s, same machine, same run (medians)")
+    for i, r in enumerate(result["rounds"], 1):
+        rc, pg, lt = r["receiver"], r["pgbench"], r["receiver_light"]
+        print(
+            f"  round {i}: receiver {rc['rps']:7.0f} req/s p99 {rc['p99_ms']:6.1f} ms | pgbench {pg['tps']:7.0f} tps"
+            f" | ratio {rc['rps'] / pg['tps']:.2f} | {result['light_connections']} conns: {lt['rps']:6.0f} req/s"
+            f" p99 {lt['p99_ms']:5.1f} ms"
+        )
+    print(
+        f"  median: receiver {result['receiver_rps_median']:.0f} req/s at {args.connections} connections "
+        f"(p99 {result['receiver_p99_ms_median']:.1f} ms), pgbench {result['pgbench_tps_median']:.0f} tps, "
+        f"ratio {result['ratio_median']:.2f}; non-2xx {result['non_2xx']}, unpublished at stop {result['unpublished_at_stop']}"
+    )
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "intake.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()

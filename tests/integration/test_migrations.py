@@ -1,0 +1,95 @@
+"""The migration runner: each file once, recorded, under a lock; an edited file is refused."""
+
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+
+import asyncpg
+import pytest
+
+from shared.migrate import MigrationError, load_migrations, migrate
+
+pytestmark = pytest.mark.integration
+
+
+@pytest.fixture
+async def scratch_db(infra):
+    """A database of its own, so these tests can apply and re-apply freely."""
+    name = "chatq_mig_" + infra.vhost.rsplit("_", 1)[-1]
+    admin = await asyncpg.connect(infra.admin_database_url)
+    await admin.execute(f'DROP DATABASE IF EXISTS "{name}"')
+    await admin.execute(f'CREATE DATABASE "{name}"')
+    url = infra.database_url.rsplit("/", 1)[0] + f"/{name}"
+    try:
+        yield url
+    finally:
+        await admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        await admin.close()
+
+
+def write(directory: Path, name: str, sql: str) -> None:
+    (directory / name).write_text(sql)
+
+
+async def test_migrations_are_applied_once_and_recorded(scratch_db, tmp_path: Path) -> None:
+    write(tmp_path, "0001_a.sql", "CREATE TABLE a (id int);")
+    write(tmp_path, "0002_b.sql", "CREATE TABLE b (id int);")
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        assert await migrate(conn, tmp_path) == [1, 2]
+        assert await migrate(conn, tmp_path) == []
+        rows = await conn.fetch("SELECT version, name FROM schema_migrations ORDER BY version")
+        assert [tuple(r) for r in rows] == [(1, "a"), (2, "b")]
+    finally:
+        await conn.close()
+
+
+async def test_an_edited_applied_migration_is_refused(scratch_db, tmp_path: Path) -> None:
+    write(tmp_path, "0001_a.sql", "CREATE TABLE a (id int);")
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        await migrate(conn, tmp_path)
+        write(tmp_path, "0001_a.sql", "CREATE TABLE a (id bigint);")
+        with pytest.raises(MigrationError, match="edited after it was applied"):
+            await migrate(conn, tmp_path)
+    finally:
+        await conn.close()
+
+
+async def test_a_failing_migration_leaves_nothing_behind(scratch_db, tmp_path: Path) -> None:
+    write(tmp_path, "0001_a.sql", "CREATE TABLE a (id int); SELECT no_such_function();")
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        with pytest.raises(asyncpg.UndefinedFunctionError):
+            await migrate(conn, tmp_path)
+        assert await conn.fetchval("SELECT to_regclass('a')") is None
+        assert await conn.fetchval("SELECT count(*) FROM schema_migrations") == 0
+    finally:
+        await conn.close()
+
+
+async def test_runners_starting_together_apply_each_migration_exactly_once(
+    scratch_db, tmp_path: Path
+) -> None:
+    # Without the advisory lock, the second CREATE TABLE would fail.
+    write(tmp_path, "0001_slow.sql", "SELECT pg_sleep(0.3); CREATE TABLE slow (id int);")
+    conns = [await asyncpg.connect(scratch_db) for _ in range(4)]
+    try:
+        results = await asyncio.gather(*(migrate(c, tmp_path) for c in conns))
+        assert sorted(results) == [[], [], [], [1]]
+    finally:
+        for c in conns:
+            await c.close()
+
+
+def test_badly_named_migration_files_are_refused(tmp_path: Path) -> None:
+    write(tmp_path, "1_a.sql", "SELECT 1;")
+    with pytest.raises(MigrationError, match=r"NNNN_name\.sql"):
+        load_migrations(tmp_path)
+
+
+def test_the_project_migrations_load_in_order() -> None:
+    versions = [m.version for m in load_migrations()]
+    assert versions == sorted(versions)
+    assert versions[0] == 1

@@ -1,0 +1,115 @@
+"""Services as real processes (``python -m services.<name>``) for e2e and crash tests."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import signal
+import socket
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def settings_env(settings: Any, **extra: str) -> dict[str, str]:
+    """CHATQ_* variables for a child process, from a Settings object."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATQ_")}
+    for name, value in settings.model_dump().items():
+        if value is None:
+            continue
+        if hasattr(value, "get_secret_value"):
+            value = value.get_secret_value()
+        env[f"CHATQ_{name.upper()}"] = str(value)
+    env.update(extra)
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+class ServiceProcess:
+    def __init__(self, module: str, env: dict[str, str], *, name: str | None = None) -> None:
+        self.module = module
+        self.env = env
+        self.name = name or module
+        self.proc: asyncio.subprocess.Process | None = None
+        self.log_path = ROOT / ".pytest_cache" / f"{self.name}-{os.getpid()}-{time.monotonic_ns()}.log"
+
+    async def start(self) -> ServiceProcess:
+        self.log_path.parent.mkdir(parents=True, exist_ok=True)
+        self._log = open(self.log_path, "wb")  # noqa: ASYNC230 - a local log file, closed in stop()
+        self.proc = await asyncio.create_subprocess_exec(
+            sys.executable,
+            "-m",
+            self.module,
+            cwd=ROOT,
+            env=self.env,
+            stdout=self._log,
+            stderr=asyncio.subprocess.STDOUT,
+        )
+        return self
+
+    def log(self) -> str:
+        return self.log_path.read_text(errors="replace") if self.log_path.exists() else ""
+
+    async def wait_http(self, url: str, *, within: float = 20.0) -> None:
+        deadline = time.monotonic() + within
+        async with httpx.AsyncClient(timeout=1) as client:
+            while True:
+                assert self.proc is not None
+                if self.proc.returncode is not None:
+                    raise AssertionError(f"{self.name} exited with {self.proc.returncode}:\n{self.log()}")
+                try:
+                    if (await client.get(url)).status_code < 500:
+                        return
+                except httpx.HTTPError:
+                    pass
+                if time.monotonic() > deadline:
+                    raise AssertionError(f"{self.name} did not answer {url} within {within}s:\n{self.log()}")
+                await asyncio.sleep(0.1)
+
+    async def wait_exit(self, *, within: float = 20.0) -> int:
+        assert self.proc is not None
+        try:
+            return await asyncio.wait_for(self.proc.wait(), timeout=within)
+        except TimeoutError:
+            raise AssertionError(f"{self.name} did not exit within {within}s:\n{self.log()}") from None
+
+    async def stop(self, sig: int = signal.SIGTERM, *, within: float = 20.0) -> int | None:
+        if self.proc is None:
+            return None
+        if self.proc.returncode is None:
+            self.proc.send_signal(sig)
+            try:
+                await asyncio.wait_for(self.proc.wait(), timeout=within)
+            except TimeoutError:
+                self.proc.kill()
+                await self.proc.wait()
+        self._log.close()
+        return self.proc.returncode
+
+
+class Receiver(ServiceProcess):
+    def __init__(self, settings: Any, **extra: str) -> None:
+        self.port = free_port()
+        super().__init__(
+            "services.receiver",
+            settings_env(settings, CHATQ_HTTP_PORT=str(self.port), **extra),
+            name="receiver",
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def start(self, *, wait_healthy: bool = True) -> Receiver:
+        await super().start()
+        if wait_healthy:
+            await self.wait_http(f"{self.url}/healthz")
+        return self

@@ -1,0 +1,86 @@
+"""Normalising each platform's webhook to one Intake, without services."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.receiver.errors import ApiError
+from services.receiver.webhooks import avito, generic, telegram
+from tests.support.payloads import avito_webhook, generic_message, telegram_update
+
+pytestmark = pytest.mark.unit
+
+
+def test_a_telegram_text_message_becomes_an_answerable_intake() -> None:
+    intake = telegram.normalise(telegram_update(10, chat_id=5, message_id=3, text="Hi"), "{}", "4242")
+    assert (intake.account_id, intake.event_id, intake.chat_id, intake.message_id, intake.text) == (
+        "4242",
+        "10",
+        "5",
+        "3",
+        "Hi",
+    )
+    assert intake.ignored_reason is None
+
+
+@pytest.mark.parametrize(
+    ("update", "reason"),
+    [
+        (telegram_update(1, text=None, photo=[{"file_id": "p"}]), "unsupported message type (photo)"),
+        (telegram_update(1, text="   "), "empty message"),
+        ({"update_id": 1, "edited_message": {}}, "update kind edited_message is not answered"),
+        ({"update_id": 1}, "update carries no message"),
+    ],
+)
+def test_telegram_updates_the_bot_does_not_answer_are_ignored_with_a_reason(update, reason) -> None:
+    assert telegram.normalise(update, "{}", "bot").ignored_reason == reason
+
+
+def test_a_message_from_a_bot_is_ignored() -> None:
+    update = telegram_update(1)
+    update["message"]["from"]["is_bot"] = True
+    assert telegram.normalise(update, "{}", "bot").ignored_reason == "message from a bot"
+
+
+def test_telegram_secret_is_compared_and_required() -> None:
+    telegram.authenticate("s3cret", "s3cret")
+    with pytest.raises(ApiError) as wrong:
+        telegram.authenticate("s3cret", "s3cre")
+    assert wrong.value.status == 401
+    with pytest.raises(ApiError) as off:
+        telegram.authenticate(None, "anything")
+    assert off.value.code == "platform_not_configured"
+
+
+def test_an_avito_buyer_message_is_keyed_by_account_chat_and_message() -> None:
+    intake = avito.normalise(avito_webhook("m1", user_id=9, author_id=3, chat_id="c"), "{}")
+    assert (intake.account_id, intake.chat_id, intake.message_id, intake.author_id) == ("9", "c", "m1", "3")
+    assert intake.ignored_reason is None
+
+
+def test_an_avito_event_that_is_not_a_message_is_ignored() -> None:
+    body = {"id": "e1", "payload": {"type": "chat_read", "value": {"user_id": 9}}}
+    intake = avito.normalise(body, "{}")
+    assert intake.ignored_reason == "Avito event type chat_read is not answered"
+    assert intake.event_id == "e1"
+
+
+def test_generic_numeric_ids_are_taken_as_text_and_extra_fields_refused() -> None:
+    msg = generic_message("m1")
+    msg["chat_id"] = 12
+    assert generic.normalise(msg, "{}", "wh1").chat_id == "12"
+    with pytest.raises(ApiError):
+        generic.normalise({**msg, "surprise": 1}, "{}", "wh1")
+
+
+def test_generic_signature_failures_are_401s_whatever_the_header_garbage() -> None:
+    verifier = generic.verifier("whsec_" + "QUJDREVGR0hJSktMTU5PUA==")
+    for headers in (
+        {},
+        {"webhook-id": "x", "webhook-timestamp": "nan", "webhook-signature": "v1,AAAA"},
+        {"webhook-id": "x", "webhook-timestamp": "1e300", "webhook-signature": "v1,AAAA"},
+        {"webhook-id": "x", "webhook-timestamp": "1", "webhook-signature": "v1"},
+    ):
+        with pytest.raises(ApiError) as err:
+            generic.authenticate(verifier, b"{}", headers)
+        assert err.value.status == 401
