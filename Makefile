@@ -54,12 +54,13 @@ definitions: install
 migrate: install
 	$(BIN)/python -m shared.migrate
 
-# What exists so far: the receiver with its relay, on local Postgres and RabbitMQ.
+# The pipeline so far (receiver with relay, coalescer) on local Postgres and RabbitMQ,
+# in the foreground; Ctrl-C drains and stops everything.
 run: install
 	$(BIN)/python -m shared.preflight --create-database \
 	  --database-url "$${CHATQ_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/chatqueue}" \
 	  --amqp-url "$${CHATQ_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}"
-	CHATQ_HTTP_PORT=$${CHATQ_HTTP_PORT:-8080} $(BIN)/python -m services.receiver
+	$(BIN)/python -m services
 
 # Load tools: wrk from Debian's packages (pgbench comes with PostgreSQL).
 tools-bench:
@@ -68,6 +69,7 @@ tools-bench:
 
 bench: install services-check tools-bench
 	$(BIN)/python -m bench.intake
+	$(BIN)/python -m bench.coalescer
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

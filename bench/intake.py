@@ -12,18 +12,17 @@ import argparse
 import asyncio
 import json
 import re
-import secrets
 import shutil
 import statistics
 import subprocess
 import sys
 import tempfile
 from pathlib import Path
-from urllib.parse import urlsplit, urlunsplit
+from urllib.parse import urlsplit
 
 import asyncpg
 
-from shared.migrate import migrate
+from bench.support import drop_database, fresh_database, private_vhost
 from shared.settings import Settings
 from tests.support.processes import Receiver
 
@@ -73,11 +72,6 @@ SELECT id, status FROM op;
 """.replace("TEXT", TEXT)
 
 
-def _with_db(url: str, name: str) -> str:
-    p = urlsplit(url)
-    return urlunsplit((p.scheme, p.netloc, f"/{name}", p.query, ""))
-
-
 def parse_wrk(out: str) -> dict[str, float]:
     def ms(value: str, unit: str) -> float:
         return float(value) * {"us": 0.001, "ms": 1.0, "s": 1000.0}[unit]
@@ -99,24 +93,6 @@ def parse_pgbench(out: str) -> dict[str, float]:
     tps = float(re.search(r"tps = ([\d.]+)", out)[1])  # type: ignore[index]
     lat = re.search(r"latency average = ([\d.]+) ms", out)
     return {"tps": tps, "latency_avg_ms": float(lat[1]) if lat else float("nan")}
-
-
-async def fresh_database(admin_url: str) -> tuple[str, str]:
-    name = f"chatq_bench_{secrets.token_hex(3)}"
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'CREATE DATABASE "{name}"')
-    await conn.close()
-    url = _with_db(admin_url, name)
-    conn = await asyncpg.connect(url)
-    await migrate(conn)
-    await conn.close()
-    return name, url
-
-
-async def drop_database(admin_url: str, name: str) -> None:
-    conn = await asyncpg.connect(admin_url)
-    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    await conn.close()
 
 
 async def truncate(url: str) -> None:
@@ -183,6 +159,17 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
     # receiver's relay.
     name, db_url = await fresh_database(args.admin_database_url)
     pg_name, pg_url = await fresh_database(args.admin_database_url)
+    try:
+        async with private_vhost(args.amqp_url, args.rabbitmq_api_url) as amqp_url:
+            return await measure(args, db_url, amqp_url, pg_url, pg_name)
+    finally:
+        await drop_database(args.admin_database_url, name)
+        await drop_database(args.admin_database_url, pg_name)
+
+
+async def measure(
+    args: argparse.Namespace, db_url: str, amqp_url: str, pg_url: str, pg_name: str
+) -> dict[str, object]:
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
         f.write(WRK_SCRIPT)
         lua = f.name
@@ -191,35 +178,31 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
         script = f.name
     light_conn = max(1, args.connections // 8)
     rounds: list[dict[str, dict[str, float]]] = []
+    settings = Settings(
+        database_url=db_url,
+        amqp_url=amqp_url,
+        telegram_webhook_secret=SECRET,
+        telegram_bot_token="4242:bench",
+        database_pool_size=args.connections,
+        log_level="WARNING",
+    )
+    receiver = await Receiver(settings).start()
     try:
-        settings = Settings(
-            database_url=db_url,
-            amqp_url=args.amqp_url,
-            telegram_webhook_secret=SECRET,
-            telegram_bot_token="4242:bench",
-            database_pool_size=args.connections,
-            log_level="WARNING",
-        )
-        receiver = await Receiver(settings).start()
-        try:
-            wrk(receiver.url, lua, 4, 2)  # warm-up
-            # Alternate the two sides so that the machine's drift hits both alike.
-            for _ in range(args.rounds):
-                rounds.append(
-                    {
-                        "receiver": wrk(receiver.url, lua, args.connections, args.seconds),
-                        "pgbench": pgbench(pg_url, pg_name, script, args.connections, args.seconds),
-                        "receiver_light": wrk(receiver.url, lua, light_conn, args.seconds, threads=1),
-                    }
-                )
-        finally:
-            await receiver.stop()
-        conn = await asyncpg.connect(db_url)
-        unpublished = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
-        await conn.close()
+        wrk(receiver.url, lua, 4, 2)  # warm-up
+        # Alternate the two sides so that the machine's drift hits both alike.
+        for _ in range(args.rounds):
+            rounds.append(
+                {
+                    "receiver": wrk(receiver.url, lua, args.connections, args.seconds),
+                    "pgbench": pgbench(pg_url, pg_name, script, args.connections, args.seconds),
+                    "receiver_light": wrk(receiver.url, lua, light_conn, args.seconds, threads=1),
+                }
+            )
     finally:
-        await drop_database(args.admin_database_url, name)
-        await drop_database(args.admin_database_url, pg_name)
+        await receiver.stop()
+    conn = await asyncpg.connect(db_url)
+    unpublished = await conn.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL")
+    await conn.close()
     ratios = sorted(r["receiver"]["rps"] / r["pgbench"]["tps"] for r in rounds)
     return {
         "connections": args.connections,
@@ -246,6 +229,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
+    parser.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
     args = parser.parse_args()
     result = asyncio.run(run(args))
     print(f"intake: {args.rounds} alternating rounds of {args.seconds}s, same machine, same run (medians)")

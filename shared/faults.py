@@ -22,6 +22,9 @@ KNOWN_POINTS: frozenset[str] = frozenset(
         "receiver.after_commit",  # inbox + outbox committed, response not sent
         "relay.after_publish",  # broker confirmed, rows not marked published
         "relay.after_mark",  # rows marked, transaction not committed
+        "coalescer.before_commit",  # window updated, transaction not committed
+        "coalescer.after_commit",  # message filed and committed, not acked
+        "coalescer.after_emit",  # window closed, job + outbox row committed, not published
     }
 )
 

@@ -47,3 +47,44 @@ class InboundMessage(BaseModel):
 
 def chat_key(platform: str, account_id: str, chat_id: str) -> str:
     return f"{platform}:{account_id}:{chat_id}"
+
+
+class JobMessage(BaseModel):
+    """One buyer message inside a reply job, in platform order."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    operation_id: UUID
+    message_id: str
+    author_id: str | None
+    text: str
+    sent_at: datetime
+    received_at: datetime
+
+
+class ReplyJob(BaseModel):
+    """One reply to write for one chat window. Published to chatq.jobs with AMQP
+    message_id = job_id; the job id is derived from the window, so re-emitting the same
+    window yields the same job."""
+
+    model_config = ConfigDict(frozen=True, extra="forbid")
+
+    schema_: Literal["chatq.job.v1"] = Field(default="chatq.job.v1", alias="schema")
+    job_id: UUID
+    window_id: UUID
+    platform: Platform
+    account_id: str
+    chat_id: str
+    messages: tuple[JobMessage, ...]
+    created_at: datetime
+
+    @property
+    def chat_key(self) -> str:
+        return chat_key(self.platform, self.account_id, self.chat_id)
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode()
+
+    @classmethod
+    def from_bytes(cls, body: bytes) -> ReplyJob:
+        return cls.model_validate_json(body)

@@ -29,8 +29,10 @@ from uuid import UUID
 import asyncpg
 
 from shared import metrics
+from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.faults import fault_point
+from shared.settings import Settings
 
 logger = logging.getLogger(__name__)
 
@@ -72,6 +74,13 @@ async def enqueue(conn: asyncpg.Connection, message: OutboxMessage) -> None:
     await conn.execute(INSERT_SQL, *insert_args(message))
 
 
+async def enqueue_many(conn: asyncpg.Connection, messages: list[OutboxMessage]) -> None:
+    """``enqueue`` for several messages, in one round trip."""
+    if not conn.is_in_transaction():
+        raise RuntimeError("outbox.enqueue_many must run inside the caller's transaction")
+    await conn.executemany(INSERT_SQL, [insert_args(m) for m in messages])
+
+
 class PublishFailed(RuntimeError):
     """Some rows of a batch were not confirmed; they stay pending and are retried."""
 
@@ -109,6 +118,17 @@ class Relay:
         self._stopping = False
         self._last_purge = 0.0
         self._last_stats = 0.0
+
+    @classmethod
+    def from_settings(cls, pool: asyncpg.Pool, broker: BrokerConnection, settings: Settings) -> Relay:
+        return cls(
+            pool,
+            ConfirmingPublisher(broker),
+            batch_size=settings.relay_batch_size,
+            poll_seconds=settings.relay_poll_seconds,
+            retention_seconds=settings.relay_retention_seconds,
+            purge_interval_seconds=settings.relay_purge_interval_seconds,
+        )
 
     def notify(self) -> None:
         """Wake the relay: a row was just committed. Cheap; call after every commit."""

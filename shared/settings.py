@@ -56,6 +56,9 @@ class Settings(BaseSettings):
     reply_delay_min_seconds: float = Field(default=20.0, ge=0)
     reply_delay_max_seconds: float = Field(default=60.0, ge=0)
     max_wait_seconds: float = Field(default=120.0, ge=0)
+    coalescer_prefetch: int = Field(default=50, ge=1, le=5000)
+    coalescer_poll_seconds: float = Field(default=0.5, gt=0)
+    coalescer_batch_size: int = Field(default=200, ge=1, le=5000)
 
     # Responder
     retry_delays_seconds: str = "1,10,60,300"
@@ -79,6 +82,9 @@ class Settings(BaseSettings):
     relay_poll_seconds: float = Field(default=1.0, gt=0)
     relay_retention_seconds: float = Field(default=24 * 3600, ge=0)
     relay_purge_interval_seconds: float = Field(default=60.0, gt=0)
+
+    # Draining on SIGTERM: how long in-flight work may take before the process exits.
+    shutdown_grace_seconds: float = Field(default=20.0, ge=0)
 
     # Testing: a named fault point kills the process with SIGKILL when reached.
     fault_point: str | None = None

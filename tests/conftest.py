@@ -81,7 +81,9 @@ async def queues(infra: Infra) -> AsyncIterator[QueueInspector]:
 @pytest.fixture
 async def clean(pool: asyncpg.Pool, queues: QueueInspector) -> None:
     """Start a test from empty tables and empty queues."""
-    await pool.execute("TRUNCATE operations, outbox RESTART IDENTITY")
+    await pool.execute(
+        "TRUNCATE operations, outbox, chat_windows, window_messages, reply_jobs RESTART IDENTITY CASCADE"
+    )
     await queues.purge(*ALL_QUEUES)
 
 

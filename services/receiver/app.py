@@ -18,7 +18,6 @@ from prometheus_client import make_asgi_app
 
 from shared import metrics
 from shared.broker.connection import BrokerConnection
-from shared.broker.publisher import ConfirmingPublisher
 from shared.broker.topology import build_topology
 from shared.db import create_pool
 from shared.faults import fault_point
@@ -152,14 +151,7 @@ async def _start(settings: Settings) -> Runtime:
     relay = None
     task = None
     if settings.relay_enabled:
-        relay = Relay(
-            pool,
-            ConfirmingPublisher(broker),
-            batch_size=settings.relay_batch_size,
-            poll_seconds=settings.relay_poll_seconds,
-            retention_seconds=settings.relay_retention_seconds,
-            purge_interval_seconds=settings.relay_purge_interval_seconds,
-        )
+        relay = Relay.from_settings(pool, broker, settings)
         task = asyncio.create_task(relay.run(), name="outbox-relay")
     return Runtime(pool, broker, relay, task)
 

@@ -53,9 +53,11 @@ async def get_operation(operation_id: str, request: Request) -> dict[str, Any]:
     pool: asyncpg.Pool = request.app.state.pool
     row = await pool.fetchrow(
         """
-        SELECT id, platform, account_id, chat_id, message_id, author_id, text, sent_at,
-               status, status_reason, received_at, updated_at
-        FROM operations WHERE id = $1
+        SELECT o.id, o.platform, o.account_id, o.chat_id, o.message_id, o.author_id, o.text, o.sent_at,
+               o.status, o.status_reason, o.received_at, o.updated_at,
+               j.id AS job_id, j.status AS job_status
+        FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
+        WHERE o.id = $1
         """,
         op_id,
     )
@@ -82,7 +84,7 @@ def operation_document(row: asyncpg.Record) -> dict[str, Any]:
         "received_at": _iso(row["received_at"]),
         "updated_at": _iso(row["updated_at"]),
         "age_seconds": round((now - row["received_at"]).total_seconds(), 3),
-        "job": None,
+        "job": {"id": str(row["job_id"]), "status": row["job_status"]} if row["job_id"] else None,
         "reply": None,
         "error": {"kind": row["status"], "message": row["status_reason"], "attempts": None}
         if failed

@@ -113,3 +113,22 @@ class Receiver(ServiceProcess):
         if wait_healthy:
             await self.wait_http(f"{self.url}/healthz")
         return self
+
+
+class Worker(ServiceProcess):
+    """A worker service (coalescer, responder) with its ops endpoint on a free port."""
+
+    def __init__(self, service: str, settings: Any, **extra: str) -> None:
+        self.port = free_port()
+        super().__init__(
+            f"services.{service}",
+            settings_env(settings, CHATQ_METRICS_PORT=str(self.port), **extra),
+            name=service,
+        )
+        self.url = f"http://127.0.0.1:{self.port}"
+
+    async def start(self, *, wait_healthy: bool = True) -> Worker:
+        await super().start()
+        if wait_healthy:
+            await self.wait_http(f"{self.url}/healthz")
+        return self

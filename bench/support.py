@@ -1,0 +1,58 @@
+"""What every benchmark needs: a fresh database and a private RabbitMQ vhost, removed
+afterwards, so a run never leaves work behind for the services on this machine."""
+
+from __future__ import annotations
+
+import contextlib
+import secrets
+from collections.abc import AsyncIterator
+from urllib.parse import quote, urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+
+from shared.migrate import migrate
+
+
+def with_path(url: str, path: str) -> str:
+    p = urlsplit(url)
+    return urlunsplit((p.scheme, p.netloc, path, p.query, ""))
+
+
+async def fresh_database(admin_url: str) -> tuple[str, str]:
+    name = f"chatq_bench_{secrets.token_hex(3)}"
+    conn = await asyncpg.connect(admin_url)
+    await conn.execute(f'CREATE DATABASE "{name}"')
+    await conn.close()
+    url = with_path(admin_url, f"/{name}")
+    conn = await asyncpg.connect(url)
+    await migrate(conn)
+    await conn.close()
+    return name, url
+
+
+async def drop_database(admin_url: str, name: str) -> None:
+    conn = await asyncpg.connect(admin_url)
+    await conn.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    await conn.close()
+
+
+@contextlib.asynccontextmanager
+async def private_vhost(amqp_url: str, api_url: str) -> AsyncIterator[str]:
+    """Yield an AMQP URL to a new vhost; delete the vhost afterwards."""
+    vhost = f"chatq_bench_{secrets.token_hex(3)}"
+    p = urlsplit(api_url)
+    base = urlunsplit((p.scheme, f"{p.hostname}:{p.port or 15672}", p.path, "", ""))
+    auth = (p.username or "guest", p.password or "guest")
+    async with httpx.AsyncClient(auth=auth) as client:
+        (await client.put(f"{base}/vhosts/{vhost}")).raise_for_status()
+        (
+            await client.put(
+                f"{base}/permissions/{vhost}/{auth[0]}", json={"configure": ".*", "write": ".*", "read": ".*"}
+            )
+        ).raise_for_status()
+    try:
+        yield with_path(amqp_url, "/" + quote(vhost, safe=""))
+    finally:
+        async with httpx.AsyncClient(auth=auth) as client:
+            await client.delete(f"{base}/vhosts/{vhost}")

@@ -1,0 +1,102 @@
+"""The coalescer's composition root: builds every part from the settings, runs them
+until SIGTERM, then drains (stop consuming, finish and ack in-flight messages, let the
+relay publish what was emitted, close)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+from shared.broker.connection import BrokerConnection
+from shared.broker.consumer import Consumer
+from shared.broker.topology import COALESCER_QUEUE, build_topology
+from shared.db import create_pool
+from shared.migrate import migrate_dsn
+from shared.ops_http import ops_server
+from shared.outbox import Relay
+from shared.settings import Settings
+
+from .service import Coalescer
+from .windows import WindowPolicy
+
+logger = logging.getLogger(__name__)
+
+
+def policy_from(settings: Settings) -> WindowPolicy:
+    return WindowPolicy(
+        quiet=settings.quiet_seconds,
+        delay_min=settings.reply_delay_min_seconds,
+        delay_max=settings.reply_delay_max_seconds,
+        max_wait=settings.max_wait_seconds,
+    )
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    dsn = settings.database_url.get_secret_value()
+    if settings.migrate_on_start:
+        await migrate_dsn(dsn)
+    pool = await create_pool(dsn, size=settings.database_pool_size)
+    topology = build_topology(settings.retry_delays())
+    amqp = settings.amqp_url.get_secret_value()
+    # Separate connections: a consumer's flow control never blocks the relay's publishes.
+    consume_broker = BrokerConnection(amqp, topology, name="chatq-coalescer")
+    relay_broker = BrokerConnection(amqp, topology, name="chatq-coalescer-relay")
+    relay = Relay.from_settings(pool, relay_broker, settings)
+    coalescer = Coalescer(pool, policy_from(settings), on_jobs_emitted=relay.notify)
+    consumer = Consumer(
+        consume_broker, COALESCER_QUEUE, coalescer.handle, prefetch=settings.coalescer_prefetch
+    )
+
+    async def readiness() -> dict[str, str]:
+        checks = {"rabbitmq": "ok" if consumer.consuming else "not consuming"}
+        try:
+            await asyncio.wait_for(pool.fetchval("SELECT 1"), timeout=2)
+            checks["postgres"] = "ok"
+        except Exception as exc:
+            checks["postgres"] = f"unreachable: {type(exc).__name__}"
+        return checks
+
+    async def stats_loop() -> None:
+        while True:
+            with contextlib.suppress(Exception):
+                await coalescer.refresh_stats()
+            await asyncio.sleep(5)
+
+    server = ops_server(readiness, settings.http_host, settings.metrics_port)
+    tasks = {
+        "relay": asyncio.create_task(relay.run(), name="relay"),
+        "scheduler": asyncio.create_task(
+            coalescer.run_scheduler(
+                poll_seconds=settings.coalescer_poll_seconds, batch=settings.coalescer_batch_size
+            ),
+            name="scheduler",
+        ),
+        "consumer": asyncio.create_task(consumer.run(), name="consumer"),
+        "ops": asyncio.create_task(server.serve(), name="ops-http"),
+        "stats": asyncio.create_task(stats_loop(), name="stats"),
+    }
+    logger.info("coalescer running (metrics and health on port %d)", settings.metrics_port)
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({stopper, *tasks.values()}, return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        if task is not stopper and task.exception():
+            logger.error("%s stopped unexpectedly", task.get_name(), exc_info=task.exception())
+    # Drain: no new messages; in-flight ones finish and are acked.
+    await consumer.stop(drain_seconds=settings.shutdown_grace_seconds)
+    coalescer.stop()
+    # Give the relay one last pass so emitted jobs leave before we go.
+    relay.notify()
+    with contextlib.suppress(Exception):
+        await asyncio.wait_for(relay.run_once(), timeout=5)
+    relay.stop()
+    server.should_exit = True
+    for name in ("scheduler", "relay", "ops", "consumer"):
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(tasks[name], timeout=5)
+    tasks["stats"].cancel()
+    stopper.cancel()
+    await consume_broker.close()
+    await relay_broker.close()
+    await pool.close()
+    logger.info("coalescer stopped")

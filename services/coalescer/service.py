@@ -1,0 +1,355 @@
+"""The coalescer's I/O shell: consume inbound messages into per-chat windows in
+Postgres, and emit one reply job per due window.
+
+Time: every timestamp comes from Postgres (``clock_timestamp()``), the one clock all
+replicas share. A message counts from when the coalescer files it, so a backlog after an
+outage delays a burst's answer but never splits the burst into several answers.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+import random
+import uuid
+from collections.abc import Callable
+from dataclasses import dataclass
+from datetime import datetime
+
+import asyncpg
+from aio_pika.abc import AbstractIncomingMessage
+from prometheus_client import Counter, Gauge, Histogram
+from pydantic import ValidationError
+
+from shared.broker.consumer import Reject
+from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE
+from shared.faults import fault_point
+from shared.messages import InboundMessage, JobMessage, ReplyJob
+from shared.outbox import OutboxMessage, enqueue_many
+
+from .windows import Window, WindowPolicy, on_message
+
+logger = logging.getLogger(__name__)
+
+OPEN_WINDOWS = Gauge("chatq_coalescer_open_windows", "Open chat windows (bursts being gathered).")
+EMISSION_LAG = Histogram(
+    "chatq_coalescer_emission_lag_seconds",
+    "How late a window was emitted after its due time.",
+    buckets=(0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60),
+)
+JOBS_EMITTED = Counter("chatq_coalescer_jobs_emitted_total", "Reply jobs emitted.")
+MESSAGES_FILED = Counter(
+    "chatq_coalescer_messages_total", "Inbound messages handled, by outcome (filed, duplicate).", ["outcome"]
+)
+
+#: Job ids are derived from window ids: emitting a window twice would give the same job.
+JOB_NAMESPACE = uuid.UUID("6f1d3c2e-8a43-4e0b-9f55-3c1a2b7d9e10")
+
+
+def job_id_for(window_id: uuid.UUID) -> uuid.UUID:
+    return uuid.uuid5(JOB_NAMESPACE, str(window_id))
+
+
+@dataclass(frozen=True)
+class Filed:
+    window_id: uuid.UUID
+    due_at: datetime
+    opened: bool
+
+
+_LOCK_CHAT = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
+
+_OPEN_WINDOW = """
+SELECT id, first_at, last_at, deadline_at, due_at, delay_seconds, message_count
+FROM chat_windows WHERE chat_key = $1 AND status = 'open'
+FOR UPDATE
+"""
+
+_CLAIM_DUE = """
+SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
+FROM chat_windows w
+WHERE w.status = 'open'
+  AND w.due_at <= clock_timestamp()
+  AND NOT EXISTS (
+      SELECT 1 FROM reply_jobs j
+      WHERE j.chat_key = w.chat_key AND j.status IN ('pending', 'processing'))
+ORDER BY w.due_at
+LIMIT $1
+FOR UPDATE OF w SKIP LOCKED
+"""
+
+# The claim's anti-join must probe reply_jobs_one_in_flight. A plan cached while
+# reply_jobs was empty would scan it instead, and keep doing so as jobs pile up (say,
+# while the responder is down): plan the two scheduler queries afresh each time.
+_CUSTOM_PLANS = "SET LOCAL plan_cache_mode = force_custom_plan"
+
+_NEXT_DUE = """
+SELECT extract(epoch FROM w.due_at - clock_timestamp())::float8
+FROM chat_windows w
+WHERE w.status = 'open'
+  AND NOT EXISTS (
+      SELECT 1 FROM reply_jobs j
+      WHERE j.chat_key = w.chat_key AND j.status IN ('pending', 'processing'))
+ORDER BY w.due_at
+LIMIT 1
+"""
+
+# Platform order: the platform's timestamp, then its message id (numeric ids compare by
+# length first), then our receipt time.
+_WINDOW_MESSAGES = """
+SELECT wm.window_id, o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at
+FROM window_messages wm JOIN operations o ON o.id = wm.operation_id
+WHERE wm.window_id = ANY($1::uuid[])
+ORDER BY wm.window_id, o.sent_at, length(o.message_id), o.message_id, o.received_at
+"""
+
+
+class Coalescer:
+    def __init__(
+        self,
+        pool: asyncpg.Pool,
+        policy: WindowPolicy,
+        *,
+        draw: Callable[[], float] | None = None,
+        on_jobs_emitted: Callable[[], None] = lambda: None,
+    ) -> None:
+        self._pool = pool
+        self._policy = policy
+        self._draw = draw or random.SystemRandom().random
+        self._on_jobs_emitted = on_jobs_emitted
+        self._wake = asyncio.Event()
+        self._stopping = False
+
+    # ---- consuming -------------------------------------------------------------
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        """Consumer handler: file one inbound message into its chat's window."""
+        try:
+            inbound = InboundMessage.from_bytes(message.body)
+        except ValidationError as exc:
+            raise Reject(f"not a chatq.inbound.v1 message: {exc.error_count()} error(s)") from None
+        filed = await self.file(inbound)
+        fault_point("coalescer.after_commit")
+        if filed is not None:
+            self._wake.set()
+
+    async def file(self, inbound: InboundMessage) -> Filed | None:
+        """Add the message to its chat's open window (opening one if needed), in one
+        transaction. Returns None for a message already filed (a redelivery)."""
+        key = inbound.chat_key
+        async with self._pool.acquire() as conn, conn.transaction():
+            # Serialises the chat's messages across replicas; windows of other chats
+            # proceed in parallel.
+            await conn.execute(_LOCK_CHAT, key)
+            if await conn.fetchval(
+                "SELECT 1 FROM window_messages WHERE operation_id = $1", inbound.operation_id
+            ):
+                MESSAGES_FILED.labels(outcome="duplicate").inc()
+                return None
+            if not await conn.fetchval("SELECT 1 FROM operations WHERE id = $1", inbound.operation_id):
+                raise Reject(f"operation {inbound.operation_id} is not in the inbox")
+            now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+            row = await conn.fetchrow(_OPEN_WINDOW, key)
+            current = _window(row) if row else None
+            window = on_message(current, now, self._policy, self._draw)
+            if row is None:
+                window_id = uuid.uuid4()
+                await conn.execute(
+                    """
+                    INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at,
+                                              last_at, deadline_at, due_at, delay_seconds, message_count)
+                    VALUES ($1, $2, $3, $4, $5, 'open', $6, $7, $8, $9, $10, $11)
+                    """,
+                    window_id,
+                    key,
+                    inbound.platform,
+                    inbound.account_id,
+                    inbound.chat_id,
+                    window.first_at,
+                    window.last_at,
+                    window.deadline_at,
+                    window.due_at,
+                    window.delay_seconds,
+                    window.message_count,
+                )
+            else:
+                window_id = row["id"]
+                await conn.execute(
+                    "UPDATE chat_windows SET last_at = $2, due_at = $3, message_count = $4 WHERE id = $1",
+                    window_id,
+                    window.last_at,
+                    window.due_at,
+                    window.message_count,
+                )
+            await conn.execute(
+                "INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)",
+                inbound.operation_id,
+                window_id,
+            )
+            await conn.execute(
+                """
+                UPDATE operations SET status = 'waiting', updated_at = now()
+                WHERE id = $1 AND status IN ('accepted', 'queued')
+                """,
+                inbound.operation_id,
+            )
+            fault_point("coalescer.before_commit")
+        MESSAGES_FILED.labels(outcome="filed").inc()
+        logger.info(
+            "filed %s in window %s of %s (%d message(s), due %s)",
+            inbound.operation_id,
+            window_id,
+            key,
+            window.message_count,
+            window.due_at.isoformat(timespec="milliseconds"),
+        )
+        return Filed(window_id, window.due_at, opened=row is None)
+
+    # ---- emitting --------------------------------------------------------------
+
+    async def emit_due(self, limit: int = 200) -> int:
+        """Close due windows of chats with no job in flight; for each, write its reply
+        job and the job's outbox row, all in one transaction. Returns jobs emitted."""
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(_CUSTOM_PLANS)
+            due = await conn.fetch(_CLAIM_DUE, limit)
+            if not due:
+                return 0
+            ids = [w["id"] for w in due]
+            messages: dict[uuid.UUID, list[JobMessage]] = {i: [] for i in ids}
+            for m in await conn.fetch(_WINDOW_MESSAGES, ids):
+                messages[m["window_id"]].append(
+                    JobMessage(
+                        operation_id=m["id"],
+                        message_id=m["message_id"],
+                        author_id=m["author_id"],
+                        text=m["text"],
+                        sent_at=m["sent_at"] or m["received_at"],
+                        received_at=m["received_at"],
+                    )
+                )
+            now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+            jobs = [
+                ReplyJob(
+                    job_id=job_id_for(w["id"]),
+                    window_id=w["id"],
+                    platform=w["platform"],
+                    account_id=w["account_id"],
+                    chat_id=w["chat_id"],
+                    messages=tuple(messages[w["id"]]),
+                    created_at=now,
+                )
+                for w in due
+            ]
+            await conn.executemany(
+                """
+                INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
+                                        operation_ids, created_at, updated_at)
+                VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $8)
+                """,
+                [
+                    (
+                        j.job_id,
+                        j.window_id,
+                        j.chat_key,
+                        j.platform,
+                        j.account_id,
+                        j.chat_id,
+                        [m.operation_id for m in j.messages],
+                        now,
+                    )
+                    for j in jobs
+                ],
+            )
+            await conn.execute(
+                """
+                UPDATE chat_windows w SET status = 'closed', closed_at = $3, job_id = v.job_id
+                FROM unnest($1::uuid[], $2::uuid[]) AS v(window_id, job_id)
+                WHERE w.id = v.window_id
+                """,
+                ids,
+                [j.job_id for j in jobs],
+                now,
+            )
+            await conn.execute(
+                """
+                UPDATE operations o SET job_id = v.job_id, updated_at = $3
+                FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
+                WHERE o.id = v.operation_id
+                """,
+                [m.operation_id for j in jobs for m in j.messages],
+                [j.job_id for j in jobs for _ in j.messages],
+                now,
+            )
+            await enqueue_many(
+                conn,
+                [
+                    OutboxMessage(
+                        exchange=JOBS_EXCHANGE,
+                        routing_key=JOB_ROUTING_KEY,
+                        message_id=str(j.job_id),
+                        ordering_key=j.chat_key,
+                        body=j.to_bytes(),
+                    )
+                    for j in jobs
+                ],
+            )
+        fault_point("coalescer.after_emit")
+        for w in due:
+            EMISSION_LAG.observe(max((now - w["due_at"]).total_seconds(), 0.0))
+        JOBS_EMITTED.inc(len(jobs))
+        for j in jobs:
+            logger.info("emitted job %s for %s with %d message(s)", j.job_id, j.chat_key, len(j.messages))
+        self._on_jobs_emitted()
+        return len(jobs)
+
+    def wake(self) -> None:
+        self._wake.set()
+
+    def stop(self) -> None:
+        self._stopping = True
+        self._wake.set()
+
+    async def run_scheduler(self, *, poll_seconds: float = 0.5, batch: int = 200) -> None:
+        """Emit windows as they fall due. Sleeps until the next due window (or a wake-up
+        from a newly filed message), and at most ``poll_seconds``, so windows freed by
+        a job that ended elsewhere are seen promptly."""
+        backoff = 0.1
+        while not self._stopping:
+            self._wake.clear()
+            try:
+                while await self.emit_due(batch) == batch and not self._stopping:
+                    pass
+                wait = await self.seconds_to_next_due()
+                backoff = 0.1
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                logger.warning("scheduler: %s: %s; retrying in %.1fs", type(exc).__name__, exc, backoff)
+                wait = backoff
+                backoff = min(backoff * 2, 5.0)
+            timeout = poll_seconds if wait is None else min(max(wait, 0.0), poll_seconds)
+            with contextlib.suppress(TimeoutError):
+                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+
+    async def seconds_to_next_due(self) -> float | None:
+        async with self._pool.acquire() as conn, conn.transaction():
+            await conn.execute(_CUSTOM_PLANS)
+            return await conn.fetchval(_NEXT_DUE)
+
+    async def refresh_stats(self) -> int:
+        n = await self._pool.fetchval("SELECT count(*) FROM chat_windows WHERE status = 'open'")
+        OPEN_WINDOWS.set(n)
+        return int(n)
+
+
+def _window(row: asyncpg.Record) -> Window:
+    return Window(
+        first_at=row["first_at"],
+        last_at=row["last_at"],
+        deadline_at=row["deadline_at"],
+        due_at=row["due_at"],
+        delay_seconds=row["delay_seconds"],
+        message_count=row["message_count"],
+    )

@@ -1,0 +1,234 @@
+"""The coalescer against real Postgres and RabbitMQ: one job per burst, in platform order,
+one job in flight per chat, redeliveries change nothing, replicas emit each window once."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+
+import asyncpg
+import pytest
+
+from services.coalescer.app import policy_from
+from services.coalescer.service import Coalescer, job_id_for
+from shared.broker.topology import RESPONDER_QUEUE
+from shared.messages import InboundMessage, ReplyJob
+from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET, replace
+from tests.support.broker import QueueInspector, wait_for
+from tests.support.invariants import assert_coalescing_invariants
+from tests.support.payloads import telegram_update
+from tests.support.receiver import running_receiver
+from tests.support.responder_standin import answer_jobs_until_all_covered
+from tests.support.services import running_coalescers
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
+
+TG = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
+
+
+@pytest.fixture
+def quick(settings):
+    """Short human-like timing: a burst within 1.5 s is one window."""
+    return replace(
+        settings,
+        quiet_seconds=0.7,
+        reply_delay_min_seconds=1.0,
+        reply_delay_max_seconds=1.0,
+        max_wait_seconds=5.0,
+        coalescer_poll_seconds=0.1,
+        relay_poll_seconds=0.1,
+        metrics_port=0,
+    )
+
+
+async def jobs_on_queue(queues: QueueInspector, n: int, *, within: float = 20) -> list[ReplyJob]:
+    got: list[ReplyJob] = []
+
+    async def enough() -> bool:
+        got.extend(ReplyJob.from_bytes(m.body) for m in await queues.drain(RESPONDER_QUEUE))
+        return len(got) >= n
+
+    await wait_for(enough, within=within, what=f"{n} job(s) on {RESPONDER_QUEUE}")
+    return got
+
+
+async def test_a_burst_of_three_messages_in_one_chat_gives_one_job_with_all_three_in_order(
+    quick, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    texts = ["Hello", "Still available?", "Do you deliver?"]
+    async with running_receiver(quick) as (_, client), running_coalescers(quick):
+        for i, text in enumerate(texts, start=1):
+            r = await client.post(
+                "/v1/webhooks/telegram", json=telegram_update(100 + i, chat_id=5, text=text), headers=TG
+            )
+            assert r.status_code == 200
+        (job,) = await jobs_on_queue(queues, 1)
+        assert [m.text for m in job.messages] == texts
+        assert (job.platform, job.chat_id) == ("telegram", "5")
+        status = (
+            await client.get(
+                f"/v1/operations/{job.messages[0].operation_id}",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            )
+        ).json()
+        assert status["status"] == "waiting"
+        assert status["status_text"] == "waiting for the buyer to finish typing"
+        assert status["job"] == {"id": str(job.job_id), "status": "pending"}
+    assert job.job_id == job_id_for(job.window_id)
+    assert await queues.depth(RESPONDER_QUEUE) == 0
+    await assert_coalescing_invariants(pool)
+
+
+async def test_two_chats_interleaved_give_two_jobs_each_with_its_own_messages(
+    quick, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    async with running_receiver(quick) as (_, client), running_coalescers(quick):
+        for i in range(6):
+            chat = 1 + i % 2
+            await client.post(
+                "/v1/webhooks/telegram",
+                json=telegram_update(200 + i, chat_id=chat, text=f"c{chat}-m{i}"),
+                headers=TG,
+            )
+        jobs = await jobs_on_queue(queues, 2)
+    by_chat = {j.chat_id: [m.text for m in j.messages] for j in jobs}
+    assert by_chat == {"1": ["c1-m0", "c1-m2", "c1-m4"], "2": ["c2-m1", "c2-m3", "c2-m5"]}
+    await assert_coalescing_invariants(pool)
+
+
+def inbound(op_id: uuid.UUID, chat: str = "9", n: int = 1) -> InboundMessage:
+    from datetime import UTC, datetime
+
+    now = datetime.now(UTC)
+    return InboundMessage(
+        operation_id=op_id,
+        platform="telegram",
+        account_id="4242",
+        chat_id=chat,
+        message_id=str(n),
+        author_id="1",
+        text=f"m{n}",
+        sent_at=now,
+        received_at=now,
+    )
+
+
+async def stored(pool: asyncpg.Pool, chat: str, n: int) -> InboundMessage:
+    msg = inbound(uuid.uuid4(), chat, n)
+    await pool.execute(
+        """
+        INSERT INTO operations (id, platform, account_id, chat_id, message_id, author_id, text, sent_at,
+                                status, received_at, payload)
+        VALUES ($1, 'telegram', '4242', $2, $3, '1', $4, $5, 'queued', $5, '{}')
+        """,
+        msg.operation_id,
+        chat,
+        msg.message_id,
+        msg.text,
+        msg.sent_at,
+    )
+    return msg
+
+
+async def test_a_message_arriving_while_the_chats_job_is_in_flight_waits_for_that_job_to_end(
+    quick, pool: asyncpg.Pool
+) -> None:
+    zero = replace(
+        quick, reply_delay_min_seconds=0, reply_delay_max_seconds=0, quiet_seconds=0, max_wait_seconds=0
+    )
+    coalescer = Coalescer(pool, policy_from(zero))
+    first = await stored(pool, "9", 1)
+    await coalescer.file(first)
+    assert await coalescer.emit_due() == 1
+    second = await stored(pool, "9", 2)
+    await coalescer.file(second)
+    # Due at once, but the chat's first job is still pending: nothing is emitted.
+    assert await coalescer.emit_due() == 0
+    await pool.execute("UPDATE reply_jobs SET status = 'processing'")
+    assert await coalescer.emit_due() == 0
+    await pool.execute("UPDATE reply_jobs SET status = 'sent'")
+    assert await coalescer.emit_due() == 1
+    jobs = await pool.fetch("SELECT operation_ids FROM reply_jobs ORDER BY created_at")
+    assert [list(j["operation_ids"]) for j in jobs] == [[first.operation_id], [second.operation_id]]
+    await assert_coalescing_invariants(pool)
+
+
+async def test_a_redelivered_inbound_message_changes_nothing(quick, pool: asyncpg.Pool) -> None:
+    coalescer = Coalescer(pool, policy_from(quick))
+    msg = await stored(pool, "9", 1)
+    filed = await coalescer.file(msg)
+    assert filed is not None and filed.opened
+    before = await pool.fetchrow("SELECT due_at, message_count FROM chat_windows")
+    assert await coalescer.file(msg) is None
+    after = await pool.fetchrow("SELECT due_at, message_count FROM chat_windows")
+    assert tuple(after) == tuple(before)
+    assert await pool.fetchval("SELECT count(*) FROM window_messages") == 1
+
+
+async def test_a_burst_pushes_due_out_by_quiet_seconds_but_never_past_max_wait(
+    quick, pool: asyncpg.Pool
+) -> None:
+    policy = replace(
+        quick, quiet_seconds=10, reply_delay_min_seconds=0, reply_delay_max_seconds=0, max_wait_seconds=15
+    )
+    coalescer = Coalescer(pool, policy_from(policy))
+    a = await coalescer.file(await stored(pool, "9", 1))
+    b = await coalescer.file(await stored(pool, "9", 2))
+    assert a and b and a.window_id == b.window_id
+    assert b.due_at > a.due_at
+    row = await pool.fetchrow("SELECT first_at, due_at, deadline_at FROM chat_windows")
+    assert (row["deadline_at"] - row["first_at"]).total_seconds() == 15
+    assert row["due_at"] <= row["deadline_at"]
+
+
+async def test_two_coalescer_replicas_emit_every_window_exactly_once(
+    quick, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    fast = replace(
+        quick, quiet_seconds=0.3, reply_delay_min_seconds=0.2, reply_delay_max_seconds=0.6, max_wait_seconds=2
+    )
+    chats, per_chat = 40, 3
+    async with running_receiver(fast) as (_, client), running_coalescers(fast, replicas=2):
+        posts = [
+            client.post(
+                "/v1/webhooks/telegram",
+                json=telegram_update(1000 + c * 10 + m, chat_id=500 + c, message_id=m + 1, text=f"{c}/{m}"),
+                headers=TG,
+            )
+            for m in range(per_chat)
+            for c in range(chats)
+        ]
+        for r in await asyncio.gather(*posts):
+            assert r.status_code == 200
+        jobs = await answer_jobs_until_all_covered(pool, queues, within=30)
+    assert len({j.job_id for j in jobs}) == len(jobs), "a job was published twice"
+    covered = [m.operation_id for j in jobs for m in j.messages]
+    assert len(covered) == len(set(covered)) == chats * per_chat
+    assert await pool.fetchval("SELECT count(*) FROM reply_jobs") == await pool.fetchval(
+        "SELECT count(*) FROM chat_windows WHERE status = 'closed'"
+    )
+    # Within every job, messages are in the chat's order.
+    for j in jobs:
+        numbers = [int(m.message_id) for m in j.messages]
+        assert numbers == sorted(numbers)
+    await assert_coalescing_invariants(pool)
+
+
+async def test_a_malformed_message_on_the_inbound_queue_is_dead_lettered(
+    quick, queues: QueueInspector, infra
+) -> None:
+    import aio_pika
+
+    from shared.broker.topology import COALESCER_DEAD_QUEUE, INBOUND_EXCHANGE
+
+    async with running_coalescers(quick):
+        connection = await aio_pika.connect(infra.amqp_url)
+        channel = await connection.channel()
+        exchange = await channel.get_exchange(INBOUND_EXCHANGE)
+        await exchange.publish(
+            aio_pika.Message(b'{"schema": "nope"}', message_id="bad-1"), routing_key="inbound.x"
+        )
+        await connection.close()
+        await wait_for(lambda: queues.depth(COALESCER_DEAD_QUEUE), what="the message in chatq.coalescer.dead")
+    (dead,) = await queues.drain(COALESCER_DEAD_QUEUE)
+    assert dead.message_id == "bad-1"
