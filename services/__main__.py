@@ -11,7 +11,7 @@ import subprocess
 import sys
 import time
 
-SERVICES = ("receiver", "coalescer")
+SERVICES = ("receiver", "coalescer", "responder")
 
 
 def main() -> int:

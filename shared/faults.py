@@ -25,6 +25,9 @@ KNOWN_POINTS: frozenset[str] = frozenset(
         "coalescer.before_commit",  # window updated, transaction not committed
         "coalescer.after_commit",  # message filed and committed, not acked
         "coalescer.after_emit",  # window closed, job + outbox row committed, not published
+        "responder.after_generate",  # the model answered, nothing recorded or sent
+        "responder.after_send",  # the platform accepted the reply, nothing recorded
+        "responder.after_record",  # reply recorded and committed, job message not acked
     }
 )
 

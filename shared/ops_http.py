@@ -4,15 +4,19 @@ event loop so that liveness really means "the loop is turning"."""
 
 from __future__ import annotations
 
+import asyncio
 import contextlib
 from collections.abc import Awaitable, Callable, Iterator
 
+import asyncpg
 import uvicorn
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from starlette.applications import Starlette
 from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
+
+from shared.broker.consumer import Consumer
 
 ReadinessCheck = Callable[[], Awaitable[dict[str, str]]]
 
@@ -42,6 +46,21 @@ class OpsServer(uvicorn.Server):
     @contextlib.contextmanager
     def capture_signals(self) -> Iterator[None]:
         yield
+
+
+def consumer_readiness(consumer: Consumer, pool: asyncpg.Pool) -> ReadinessCheck:
+    """Ready when the consumer is attached to its queue and Postgres answers."""
+
+    async def check() -> dict[str, str]:
+        checks = {"rabbitmq": "ok" if consumer.consuming else "not consuming"}
+        try:
+            await asyncio.wait_for(pool.fetchval("SELECT 1"), timeout=2)
+            checks["postgres"] = "ok"
+        except Exception as exc:
+            checks["postgres"] = f"unreachable: {type(exc).__name__}"
+        return checks
+
+    return check
 
 
 def ops_server(readiness: ReadinessCheck, host: str, port: int) -> OpsServer:

@@ -64,10 +64,16 @@ class Settings(BaseSettings):
     retry_delays_seconds: str = "1,10,60,300"
     max_attempts: int = Field(default=5, ge=1)
     responder_concurrency: int = Field(default=8, ge=1, le=1000)
+    platform_timeout_seconds: float = Field(default=10.0, gt=0)
+    platform_rate_per_second: float = Field(default=20.0, gt=0)
+    fold_max_rounds: int = Field(default=2, ge=0, le=10)
+    history_messages: int = Field(default=12, ge=0, le=200)
+    review_owner: str = "on-call"
 
     # Operations
     admin_token: SecretStr | None = None
     alert_webhook_url: str | None = None
+    alert_webhook_secret: SecretStr | None = None
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
     metrics_port: int = Field(default=9100, ge=0, le=65535)

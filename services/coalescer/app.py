@@ -13,7 +13,7 @@ from shared.broker.consumer import Consumer
 from shared.broker.topology import COALESCER_QUEUE, build_topology
 from shared.db import create_pool
 from shared.migrate import migrate_dsn
-from shared.ops_http import ops_server
+from shared.ops_http import consumer_readiness, ops_server
 from shared.outbox import Relay
 from shared.settings import Settings
 
@@ -48,22 +48,13 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         consume_broker, COALESCER_QUEUE, coalescer.handle, prefetch=settings.coalescer_prefetch
     )
 
-    async def readiness() -> dict[str, str]:
-        checks = {"rabbitmq": "ok" if consumer.consuming else "not consuming"}
-        try:
-            await asyncio.wait_for(pool.fetchval("SELECT 1"), timeout=2)
-            checks["postgres"] = "ok"
-        except Exception as exc:
-            checks["postgres"] = f"unreachable: {type(exc).__name__}"
-        return checks
-
     async def stats_loop() -> None:
         while True:
             with contextlib.suppress(Exception):
                 await coalescer.refresh_stats()
             await asyncio.sleep(5)
 
-    server = ops_server(readiness, settings.http_host, settings.metrics_port)
+    server = ops_server(consumer_readiness(consumer, pool), settings.http_host, settings.metrics_port)
     tasks = {
         "relay": asyncio.create_task(relay.run(), name="relay"),
         "scheduler": asyncio.create_task(

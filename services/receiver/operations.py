@@ -24,7 +24,9 @@ STATUS_TEXT = {
 }
 
 
-def status_text(status: str, reason: str | None) -> str:
+def status_text(status: str, reason: str | None, replied_at: datetime | None = None) -> str:
+    if status == "replied" and replied_at is not None:
+        return f"reply sent at {replied_at.astimezone(UTC):%H:%M} UTC"
     text = STATUS_TEXT.get(status, status)
     return f"{text}: {reason}" if reason else text
 
@@ -55,7 +57,8 @@ async def get_operation(operation_id: str, request: Request) -> dict[str, Any]:
         """
         SELECT o.id, o.platform, o.account_id, o.chat_id, o.message_id, o.author_id, o.text, o.sent_at,
                o.status, o.status_reason, o.received_at, o.updated_at,
-               j.id AS job_id, j.status AS job_status
+               j.id AS job_id, j.status AS job_status, j.attempts, j.reply_text, j.platform_message_id,
+               j.sent_at AS reply_sent_at, j.error_kind, j.error_message, j.owner
         FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
         WHERE o.id = $1
         """,
@@ -68,7 +71,22 @@ async def get_operation(operation_id: str, request: Request) -> dict[str, Any]:
 
 def operation_document(row: asyncpg.Record) -> dict[str, Any]:
     now = datetime.now(UTC)
-    failed = row["status"] in ("failed", "needs_review")
+    status = row["status"]
+    reason = row["status_reason"]
+    error = None
+    if status in ("failed", "needs_review") or (row["error_message"] and status != "replied"):
+        error = {
+            "kind": row["error_kind"] or status,
+            "message": row["error_message"] or reason,
+            "attempts": row["attempts"],
+        }
+    reply = None
+    if row["reply_text"] is not None and row["job_status"] == "sent":
+        reply = {
+            "text": row["reply_text"],
+            "platform_message_id": row["platform_message_id"],
+            "sent_at": _iso(row["reply_sent_at"]),
+        }
     return {
         "id": str(row["id"]),
         "platform": row["platform"],
@@ -79,17 +97,15 @@ def operation_document(row: asyncpg.Record) -> dict[str, Any]:
             "text": row["text"],
             "sent_at": _iso(row["sent_at"]),
         },
-        "status": row["status"],
-        "status_text": status_text(row["status"], row["status_reason"]),
+        "status": status,
+        "status_text": status_text(status, reason, row["reply_sent_at"] if reply else None),
         "received_at": _iso(row["received_at"]),
         "updated_at": _iso(row["updated_at"]),
         "age_seconds": round((now - row["received_at"]).total_seconds(), 3),
         "job": {"id": str(row["job_id"]), "status": row["job_status"]} if row["job_id"] else None,
-        "reply": None,
-        "error": {"kind": row["status"], "message": row["status_reason"], "attempts": None}
-        if failed
-        else None,
-        "owner": None,
+        "reply": reply,
+        "error": error,
+        "owner": row["owner"] if status == "needs_review" else None,
     }
 
 

@@ -5,10 +5,12 @@ ack. This module alone decides what each outcome means for the message:
 handler outcome                         what happens to the message
 =====================================  ==============================================
 returns                                 ack
-raises ``Reject``                       nack without requeue: the queue's DLX moves it
-                                        to its dead-letter queue (``chatq.*.dead``)
-raises ``RetryLater``                   the consumer's ``on_retry`` hook (a confirmed
-                                        publish to a retry tier), then ack
+raises ``Reject``                       ``on_give_up``, then nack without requeue: the
+                                        queue's DLX moves it to ``chatq.*.dead``
+raises ``RetryLater``                   a confirmed publish to the retry tier for the
+                                        next attempt (header ``chatq-attempt``), then
+                                        ack; when attempts are exhausted, ``on_give_up``
+                                        then dead-letter
 infrastructure error (Postgres or       kept unacked and retried in-process with
 network down, serialization failure)    backoff until it works or the process stops;
                                         a stopping process requeues it
@@ -24,13 +26,19 @@ import asyncio
 import contextlib
 import enum
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Sequence
+from dataclasses import dataclass
 
 import aiormq
 import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aio_pika.exceptions import DeliveryError
 
 from shared.broker.connection import BrokerConnection
+from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
+from shared.broker.topology import RETRY_EXCHANGE, retry_tier_name
+from shared.metrics import RETRIES
+from shared.retry import ATTEMPT_HEADER, ERROR_HEADER, attempt_of, next_retry
 
 logger = logging.getLogger(__name__)
 
@@ -40,12 +48,23 @@ class Reject(Exception):
 
 
 class RetryLater(Exception):
-    """Try this message again later, through the consumer's retry tiers."""
+    """Try this message again later, through the consumer's retry tiers. ``kind`` labels
+    the retry in metrics (no ids); ``retry_after`` is a wait the platform asked for."""
 
-    def __init__(self, reason: str, *, kind: str = "transient") -> None:
+    def __init__(self, reason: str, *, kind: str = "transient", retry_after: float | None = None) -> None:
         super().__init__(reason)
         self.reason = reason
         self.kind = kind
+        self.retry_after = retry_after
+
+
+@dataclass(frozen=True)
+class RetryTiers:
+    """Where RetryLater sends a message: the topology's TTL tiers, via confirmed publish."""
+
+    publisher: ConfirmingPublisher
+    tiers: Sequence[float]
+    max_attempts: int
 
 
 class Outcome(enum.Enum):
@@ -81,7 +100,8 @@ def classify(exc: BaseException | None) -> Outcome:
 
 
 Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
-RetryHook = Callable[[AbstractIncomingMessage, RetryLater], Awaitable[None]]
+#: Called before a message is dead-lettered: (message, "permanent" | "exhausted", reason).
+GiveUpHook = Callable[[AbstractIncomingMessage, str, str], Awaitable[None]]
 
 
 class Consumer:
@@ -92,7 +112,8 @@ class Consumer:
         handler: Handler,
         *,
         prefetch: int,
-        on_retry: RetryHook | None = None,
+        retry: RetryTiers | None = None,
+        on_give_up: GiveUpHook | None = None,
         requeue_pause: float = 1.0,
         max_backoff: float = 5.0,
     ) -> None:
@@ -100,7 +121,8 @@ class Consumer:
         self._queue = queue
         self._handler = handler
         self._prefetch = prefetch
-        self._on_retry = on_retry
+        self._retry = retry
+        self._on_give_up = on_give_up
         self._requeue_pause = requeue_pause
         self._max_backoff = max_backoff
         self._stopping = asyncio.Event()
@@ -179,18 +201,50 @@ class Consumer:
             except Exception as exc:
                 error = exc
             outcome = classify(error)
-            if outcome is Outcome.RETRY_TIER and self._on_retry is None:
+            if outcome is Outcome.RETRY_TIER and self._retry is None:
                 outcome = Outcome.RETRY_IN_PROCESS
             try:
                 if outcome is Outcome.ACK:
                     await message.ack()
                 elif outcome is Outcome.DEAD_LETTER:
-                    logger.warning("dead-lettering %s from %s: %s", message.message_id, self._queue, error)
-                    await message.reject(requeue=False)
+                    await self._dead_letter(message, "permanent", str(error))
                 elif outcome is Outcome.RETRY_TIER:
-                    assert isinstance(error, RetryLater) and self._on_retry is not None
-                    await self._on_retry(message, error)
-                    await message.ack()
+                    assert isinstance(error, RetryLater) and self._retry is not None
+                    attempt = attempt_of(message.headers)
+                    plan = next_retry(
+                        attempt,
+                        max_attempts=self._retry.max_attempts,
+                        tiers=self._retry.tiers,
+                        retry_after=error.retry_after,
+                    )
+                    if plan is None:
+                        await self._dead_letter(
+                            message, "exhausted", f"gave up after {attempt} attempts: {error.reason}"
+                        )
+                    else:
+                        await self._retry.publisher.publish(
+                            OutgoingMessage(
+                                exchange=RETRY_EXCHANGE,
+                                routing_key=retry_tier_name(plan.delay),
+                                message_id=message.message_id or "",
+                                body=message.body,
+                                headers={
+                                    **(message.headers or {}),
+                                    ATTEMPT_HEADER: plan.next_attempt,
+                                    ERROR_HEADER: error.reason[:200],
+                                },
+                            )
+                        )
+                        RETRIES.labels(reason=error.kind).inc()
+                        logger.info(
+                            "retrying %s in %gs (attempt %d of %d): %s",
+                            message.message_id,
+                            plan.delay,
+                            plan.next_attempt,
+                            self._retry.max_attempts,
+                            error.reason,
+                        )
+                        await message.ack()
                 elif outcome is Outcome.RETRY_IN_PROCESS:
                     if self._stopping.is_set():
                         await message.nack(requeue=True)
@@ -220,4 +274,26 @@ class Consumer:
             except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
                 # The channel went away: the broker redelivers the message to someone.
                 logger.warning("could not settle %s on %s: %s", message.message_id, self._queue, exc)
+            except Exception as exc:
+                # A give-up hook or retry publish failed (Postgres or the broker away):
+                # keep the message and decide again once they answer.
+                if classify(exc) is not Outcome.RETRY_IN_PROCESS and not isinstance(exc, DeliveryError):
+                    raise
+                logger.warning(
+                    "settling %s failed (%s: %s); retrying", message.message_id, type(exc).__name__, exc
+                )
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stopping.wait(), timeout=backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+                if self._stopping.is_set():
+                    with contextlib.suppress(Exception):
+                        await message.nack(requeue=True)
+                    return
+                continue
             return
+
+    async def _dead_letter(self, message: AbstractIncomingMessage, kind: str, reason: str) -> None:
+        if self._on_give_up is not None:
+            await self._on_give_up(message, kind, reason)
+        logger.warning("dead-lettering %s from %s (%s): %s", message.message_id, self._queue, kind, reason)
+        await message.reject(requeue=False)

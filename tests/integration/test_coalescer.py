@@ -146,7 +146,7 @@ async def test_a_message_arriving_while_the_chats_job_is_in_flight_waits_for_tha
     assert await coalescer.emit_due() == 0
     await pool.execute("UPDATE reply_jobs SET status = 'processing'")
     assert await coalescer.emit_due() == 0
-    await pool.execute("UPDATE reply_jobs SET status = 'sent'")
+    await pool.execute("UPDATE reply_jobs SET status = 'sent', reply_text = '(stand-in)', sent_at = now()")
     assert await coalescer.emit_due() == 1
     jobs = await pool.fetch("SELECT operation_ids FROM reply_jobs ORDER BY created_at")
     assert [list(j["operation_ids"]) for j in jobs] == [[first.operation_id], [second.operation_id]]

@@ -71,7 +71,7 @@ def _containers() -> Iterator[tuple[str, str, str]]:
         )
 
 
-def _create_vhost(api_url: str | None, vhost: str, user: str) -> None:
+def create_vhost(api_url: str | None, vhost: str, user: str) -> None:
     if api_url:
         parts = urlsplit(api_url)
         auth = (parts.username or "guest", parts.password or "guest")
@@ -102,7 +102,7 @@ def _create_vhost(api_url: str | None, vhost: str, user: str) -> None:
     )
 
 
-def _delete_vhost(api_url: str | None, vhost: str) -> None:
+def delete_vhost(api_url: str | None, vhost: str) -> None:
     with contextlib.suppress(Exception):
         if api_url:
             parts = urlsplit(api_url)
@@ -159,7 +159,7 @@ async def provision_infra():
     try:
         await _create_database(db_url, name)
         try:
-            _create_vhost(api_url, name, user)
+            create_vhost(api_url, name, user)
         except Exception:
             await _drop_database(db_url, name)
             raise
@@ -173,6 +173,6 @@ async def provision_infra():
             )
         finally:
             await _drop_database(db_url, name)
-            _delete_vhost(api_url, name)
+            delete_vhost(api_url, name)
     finally:
         stack.close()

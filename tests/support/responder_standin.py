@@ -20,7 +20,8 @@ async def answer_jobs_until_all_covered(
         taken = [ReplyJob.from_bytes(m.body) for m in await queues.drain(RESPONDER_QUEUE)]
         jobs.extend(taken)
         await pool.execute(
-            "UPDATE reply_jobs SET status = 'sent' WHERE id = ANY($1::uuid[])", [j.job_id for j in taken]
+            "UPDATE reply_jobs SET status = 'sent', reply_text = '(stand-in)', sent_at = now() WHERE id = ANY($1::uuid[])",
+            [j.job_id for j in taken],
         )
         uncovered = await pool.fetchval("SELECT count(*) FROM operations WHERE job_id IS NULL")
         pending = await pool.fetchval("SELECT count(*) FROM reply_jobs WHERE status = 'pending'")

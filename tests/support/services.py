@@ -7,18 +7,16 @@ import contextlib
 from collections.abc import AsyncIterator
 
 from services.coalescer import app as coalescer_app
+from services.responder import app as responder_app
 from shared.settings import Settings
 
 
 @contextlib.asynccontextmanager
-async def running_coalescers(
-    settings: Settings, replicas: int = 1
+async def _running(
+    run, settings: Settings, replicas: int, name: str
 ) -> AsyncIterator[list[asyncio.Task[None]]]:
     stops = [asyncio.Event() for _ in range(replicas)]
-    tasks = [
-        asyncio.create_task(coalescer_app.run(settings, stop), name=f"coalescer-{i}")
-        for i, stop in enumerate(stops)
-    ]
+    tasks = [asyncio.create_task(run(settings, stop), name=f"{name}-{i}") for i, stop in enumerate(stops)]
     try:
         yield tasks
     finally:
@@ -26,3 +24,11 @@ async def running_coalescers(
             stop.set()
         for task in tasks:
             await asyncio.wait_for(task, timeout=30)
+
+
+def running_coalescers(settings: Settings, replicas: int = 1):
+    return _running(coalescer_app.run, settings, replicas, "coalescer")
+
+
+def running_responders(settings: Settings, replicas: int = 1):
+    return _running(responder_app.run, settings, replicas, "responder")

@@ -1,0 +1,27 @@
+"""``python -m services.responder``: one reply per burst, exactly once."""
+
+from __future__ import annotations
+
+import asyncio
+
+from shared.faults import arm
+from shared.lifecycle import stop_on_signals
+from shared.logging import configure_logging
+from shared.settings import Settings
+
+from .app import run
+
+
+async def _main(settings: Settings) -> None:
+    await run(settings, stop_on_signals())
+
+
+def main() -> None:
+    settings = Settings()
+    configure_logging(settings.log_level, service="responder")
+    arm(settings.fault_point)
+    asyncio.run(_main(settings))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,133 @@
+"""The responder's composition root: builds every part from the settings, runs until
+SIGTERM, then drains (stop consuming, finish in-flight jobs and ack them, close)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import logging
+
+import httpx
+
+from shared.broker.connection import BrokerConnection
+from shared.broker.consumer import Consumer, RetryTiers
+from shared.broker.publisher import ConfirmingPublisher
+from shared.broker.topology import RESPONDER_QUEUE, build_topology
+from shared.db import create_pool
+from shared.migrate import migrate_dsn
+from shared.ops_http import consumer_readiness, ops_server
+from shared.settings import Settings
+
+from .alerts import Alerter
+from .handler import Responder
+from .idempotency import JobStore
+from .llm import FactsWriter, OpenAIWriter, ReplyWriter, facts_text
+from .platforms.avito import AvitoPlatform, AvitoToken
+from .platforms.base import Platform
+from .platforms.generic import GenericPlatform
+from .platforms.telegram import TelegramPlatform
+from .ratelimit import AccountRateLimiter
+
+logger = logging.getLogger(__name__)
+
+
+def build_platforms(settings: Settings, client: httpx.AsyncClient) -> dict[str, Platform]:
+    """Every platform whose reply credentials are configured."""
+    limiter = AccountRateLimiter(settings.platform_rate_per_second)
+    platforms: dict[str, Platform] = {}
+    if settings.telegram_bot_token is not None:
+        platforms["telegram"] = TelegramPlatform(
+            settings.telegram_api_base, settings.telegram_bot_token.get_secret_value(), client, limiter
+        )
+    if settings.avito_client_id and settings.avito_client_secret is not None:
+        token = AvitoToken(
+            settings.avito_api_base,
+            settings.avito_client_id,
+            settings.avito_client_secret.get_secret_value(),
+            client,
+        )
+        platforms["avito"] = AvitoPlatform(settings.avito_api_base, token, client, limiter)
+    if settings.generic_reply_url:
+        secret = settings.generic_reply_secret.get_secret_value() if settings.generic_reply_secret else None
+        platforms["generic"] = GenericPlatform(settings.generic_reply_url, secret, client, limiter)
+    return platforms
+
+
+def build_writer(settings: Settings) -> ReplyWriter:
+    facts = facts_text(settings.facts_file)
+    if settings.llm_base_url:
+        return OpenAIWriter(
+            settings.llm_base_url,
+            settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+            settings.llm_model,
+            settings.llm_timeout_seconds,
+            facts,
+        )
+    return FactsWriter(facts)
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    dsn = settings.database_url.get_secret_value()
+    if settings.migrate_on_start:
+        await migrate_dsn(dsn)
+    pool = await create_pool(dsn, size=max(settings.database_pool_size, settings.responder_concurrency + 2))
+    topology = build_topology(settings.retry_delays())
+    amqp = settings.amqp_url.get_secret_value()
+    consume_broker = BrokerConnection(amqp, topology, name="chatq-responder")
+    retry_broker = BrokerConnection(amqp, topology, name="chatq-responder-retry")
+    timeout = httpx.Timeout(
+        settings.platform_timeout_seconds, connect=min(5.0, settings.platform_timeout_seconds)
+    )
+    client = httpx.AsyncClient(
+        timeout=timeout, limits=httpx.Limits(max_connections=settings.responder_concurrency * 2)
+    )
+    platforms = build_platforms(settings, client)
+    writer = build_writer(settings)
+    responder = Responder(
+        JobStore(pool),
+        platforms,
+        writer,
+        Alerter(
+            settings.alert_webhook_url,
+            settings.alert_webhook_secret.get_secret_value() if settings.alert_webhook_secret else None,
+            client,
+        ),
+        fold_max_rounds=settings.fold_max_rounds,
+        history_messages=settings.history_messages,
+        review_owner=settings.review_owner,
+    )
+    consumer = Consumer(
+        consume_broker,
+        RESPONDER_QUEUE,
+        responder.handle,
+        prefetch=settings.responder_concurrency,
+        retry=RetryTiers(ConfirmingPublisher(retry_broker), settings.retry_delays(), settings.max_attempts),
+        on_give_up=responder.give_up,
+    )
+
+    server = ops_server(consumer_readiness(consumer, pool), settings.http_host, settings.metrics_port)
+    consumer_task = asyncio.create_task(consumer.run(), name="consumer")
+    server_task = asyncio.create_task(server.serve(), name="ops-http")
+    logger.info(
+        "responder running: platforms %s, writer %s, %d job(s) in flight at most",
+        ", ".join(sorted(platforms)) or "none",
+        type(writer).__name__,
+        settings.responder_concurrency,
+    )
+    stopper = asyncio.create_task(stop.wait())
+    done, _ = await asyncio.wait({stopper, consumer_task, server_task}, return_when=asyncio.FIRST_COMPLETED)
+    for task in done:
+        if task is not stopper and task.exception():
+            logger.error("%s stopped unexpectedly", task.get_name(), exc_info=task.exception())
+    await consumer.stop(drain_seconds=settings.shutdown_grace_seconds)
+    server.should_exit = True
+    for task in (consumer_task, server_task):
+        with contextlib.suppress(Exception, asyncio.CancelledError):
+            await asyncio.wait_for(task, timeout=5)
+    stopper.cancel()
+    await writer.aclose()
+    await client.aclose()
+    await consume_broker.close()
+    await retry_broker.close()
+    await pool.close()
+    logger.info("responder stopped")

@@ -1,0 +1,95 @@
+"""Failure classification, in one place and pure: what a platform or model answer (or
+the lack of one) means for the job.
+
+- transient: nothing happened, try again later (connection refused, 5xx, 408, 429,
+  model timeout). A 429's retry-after is kept.
+- permanent: trying again cannot help (other 4xx: bad request, chat gone, bot blocked,
+  quota exhausted).
+- unknown: the request may have reached the platform and the answer was lost (timeout
+  or reset after the request was sent). Never re-sent blindly.
+"""
+
+from __future__ import annotations
+
+import enum
+from dataclasses import dataclass
+
+import httpx
+import openai
+
+
+class Kind(enum.StrEnum):
+    TRANSIENT = "transient"
+    PERMANENT = "permanent"
+    UNKNOWN = "unknown"
+
+
+@dataclass
+class Failure(Exception):
+    kind: Kind
+    reason: str
+    retry_after: float | None = None
+
+    def __str__(self) -> str:
+        return f"{self.kind}: {self.reason}"
+
+
+def classify_status(status: int, detail: str = "", retry_after: float | None = None) -> Failure | None:
+    """A platform's HTTP answer. None for success."""
+    if 200 <= status < 300:
+        return None
+    text = f"HTTP {status}" + (f": {detail}" if detail else "")
+    if status == 429:
+        return Failure(Kind.TRANSIENT, f"rate limited ({text})", retry_after)
+    if status == 408 or status >= 500:
+        return Failure(Kind.TRANSIENT, text)
+    return Failure(Kind.PERMANENT, text)
+
+
+def classify_transport(exc: httpx.HTTPError) -> Failure:
+    """A request that got no answer. Before the request was sent: transient. After: unknown."""
+    name = type(exc).__name__
+    if isinstance(
+        exc,
+        httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.WriteTimeout | httpx.WriteError,
+    ):
+        return Failure(Kind.TRANSIENT, f"could not reach the platform ({name})")
+    if isinstance(exc, httpx.ReadTimeout | httpx.ReadError | httpx.RemoteProtocolError):
+        return Failure(Kind.UNKNOWN, f"request sent but the answer was lost ({name})")
+    return Failure(Kind.UNKNOWN, f"request failed ({name}: {exc})")
+
+
+def classify_llm(exc: Exception) -> Failure:
+    """The model's failure. Generation has no side effect, so nothing here is unknown."""
+    if isinstance(exc, openai.RateLimitError):
+        code = _code(exc)
+        if code == "insufficient_quota":
+            return Failure(Kind.PERMANENT, "model quota exhausted (insufficient_quota)")
+        return Failure(Kind.TRANSIENT, "model rate limited", _retry_after(exc))
+    if isinstance(exc, openai.APITimeoutError):
+        return Failure(Kind.TRANSIENT, "model timed out")
+    if isinstance(exc, openai.APIConnectionError):
+        return Failure(Kind.TRANSIENT, "could not reach the model")
+    if isinstance(exc, openai.InternalServerError):
+        return Failure(Kind.TRANSIENT, f"model error {exc.status_code}")
+    if isinstance(exc, openai.APIStatusError):
+        if exc.status_code in (408, 409):
+            return Failure(Kind.TRANSIENT, f"model error {exc.status_code}")
+        return Failure(
+            Kind.PERMANENT, f"model refused the request ({exc.status_code}: {_code(exc) or 'error'})"
+        )
+    return Failure(Kind.TRANSIENT, f"model call failed ({type(exc).__name__})")
+
+
+def _code(exc: openai.APIStatusError) -> str | None:
+    body = exc.body if isinstance(exc.body, dict) else {}
+    err = body.get("error", body) if isinstance(body, dict) else {}
+    code = err.get("code") if isinstance(err, dict) else None
+    return str(code) if code else None
+
+
+def _retry_after(exc: openai.APIStatusError) -> float | None:
+    try:
+        return float(exc.response.headers.get("retry-after", ""))
+    except (TypeError, ValueError):
+        return None

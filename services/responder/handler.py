@@ -1,0 +1,198 @@
+"""The responder's handler: one reply job in, at most one reply out.
+
+Order of work for a job (each step's state is committed before the next side effect):
+claim (skip / reconcile / supersede / processing) -> generate -> fold in messages that
+arrived meanwhile and regenerate (bounded) -> record the intent (delivery 'sending') ->
+send -> record the result with the job, its operations and the chat's last answered
+message in one transaction. The handler signals outcomes by raising (RetryLater,
+Reject); the consumer wrapper acks.
+"""
+
+from __future__ import annotations
+
+import logging
+import uuid
+from collections.abc import Mapping
+
+from aio_pika.abc import AbstractIncomingMessage
+from pydantic import ValidationError
+
+from shared.broker.consumer import Reject, RetryLater
+from shared.faults import fault_point
+from shared.messages import ReplyJob
+from shared.retry import attempt_of
+
+from .alerts import Alerter
+from .failures import Failure, Kind
+from .idempotency import Job, JobStore, Reconcile, Skip
+from .llm import ReplyWriter, cut
+from .platforms.base import Platform
+
+logger = logging.getLogger(__name__)
+
+
+class Responder:
+    def __init__(
+        self,
+        store: JobStore,
+        platforms: Mapping[str, Platform],
+        writer: ReplyWriter,
+        alerter: Alerter,
+        *,
+        fold_max_rounds: int = 2,
+        history_messages: int = 12,
+        review_owner: str = "on-call",
+    ) -> None:
+        self._store = store
+        self._platforms = platforms
+        self._writer = writer
+        self._alerter = alerter
+        self._fold_max_rounds = fold_max_rounds
+        self._history = history_messages
+        self._owner = review_owner
+
+    async def handle(self, message: AbstractIncomingMessage) -> None:
+        try:
+            wire = ReplyJob.from_bytes(message.body)
+        except ValidationError as exc:
+            raise Reject(f"not a chatq.job.v1 message: {exc.error_count()} error(s)") from None
+        attempt = attempt_of(message.headers)
+        state = await self._store.claim(wire.job_id, attempt)
+        if isinstance(state, Skip):
+            logger.info("job %s skipped: %s", wire.job_id, state.reason)
+            return
+        job = state.job if isinstance(state, Reconcile) else state
+        platform = self._platforms.get(job.platform)
+        if platform is None:
+            raise Reject(f"{job.platform} replies are not configured in this responder")
+        if isinstance(state, Reconcile):
+            await self._reconcile(state, platform, attempt)
+        else:
+            await self._reply(job, platform, attempt)
+
+    async def _reply(self, job: Job, platform: Platform, attempt: int, text: str | None = None) -> None:
+        if text is None:
+            try:
+                job, text = await self._generate(job, platform)
+            except Failure as failure:
+                await self._failed(job, failure, stage="model")
+                return
+            fault_point("responder.after_generate")
+        await self._store.record_intent(job.job_id, text, attempt)
+        try:
+            sent = await platform.send(job.account_id, job.chat_id, text, key=str(job.job_id))
+        except Failure as failure:
+            await self._send_failed(job, platform, failure)
+            return
+        fault_point("responder.after_send")
+        await self._store.record_sent(job, text, sent.message_id)
+        fault_point("responder.after_record")
+        logger.info(
+            "job %s replied in %s with %d message(s) (attempt %d)",
+            job.job_id,
+            job.chat_key,
+            len(job.messages),
+            attempt,
+        )
+
+    async def _generate(self, job: Job, platform: Platform) -> tuple[Job, str]:
+        history = await self._store.history(job, self._history)
+        text = await self._writer.write(history, [m.text for m in job.messages])
+        for _ in range(self._fold_max_rounds):
+            folded = await self._store.fold_in(job)
+            if len(folded.messages) == len(job.messages):
+                break
+            logger.info(
+                "job %s: folded %d new message(s) in; regenerating",
+                job.job_id,
+                len(folded.messages) - len(job.messages),
+            )
+            job = folded
+            text = await self._writer.write(history, [m.text for m in job.messages])
+        return job, cut(text, platform.max_text)
+
+    async def _failed(self, job: Job, failure: Failure, *, stage: str) -> None:
+        """A failure before anything was sent: retry later, or give up for good."""
+        if failure.kind is Kind.PERMANENT:
+            raise Reject(f"{stage}: {failure.reason}")
+        await self._store.record_retry(job.job_id, "transient", f"{stage}: {failure.reason}")
+        raise RetryLater(
+            f"{stage}: {failure.reason}", kind=f"{stage}_{failure.kind}", retry_after=failure.retry_after
+        )
+
+    async def _send_failed(self, job: Job, platform: Platform, failure: Failure) -> None:
+        if failure.kind is not Kind.UNKNOWN:
+            await self._store.record_delivery(job.job_id, "not_sent", failure.reason)
+            await self._failed(job, failure, stage=platform.name)
+            return
+        await self._store.record_delivery(job.job_id, "unknown", failure.reason)
+        if platform.idempotent or platform.can_reconcile:
+            # Generic: re-sending with the same Idempotency-Key is safe. Avito: the next
+            # attempt lists the chat for our reply before sending anything.
+            await self._store.record_retry(job.job_id, "unknown", f"{platform.name}: {failure.reason}")
+            raise RetryLater(f"{platform.name}: {failure.reason}", kind="unknown_outcome")
+        await self._needs_review(job, f"{platform.name}: {failure.reason}; check the chat and resolve")
+
+    async def _reconcile(self, state: Reconcile, platform: Platform, attempt: int) -> None:
+        job = state.job
+        if platform.idempotent:
+            logger.info("job %s: outcome unknown; re-sending with the same idempotency key", job.job_id)
+            await self._reply(job, platform, attempt, text=state.text)
+            return
+        if platform.can_reconcile:
+            try:
+                found = await platform.find_sent(job.account_id, job.chat_id, state.text, state.started_at)
+            except Failure as failure:
+                await self._store.record_retry(job.job_id, "unknown", f"reconciling: {failure.reason}")
+                raise RetryLater(
+                    f"reconciling with {platform.name}: {failure.reason}", kind="reconcile"
+                ) from None
+            if found is not None:
+                logger.info("job %s: reconciled, our reply %s is in the chat", job.job_id, found.message_id)
+                await self._store.record_sent(job, state.text, found.message_id)
+                return
+            logger.info("job %s: our reply is not in the chat; sending it", job.job_id)
+            await self._reply(job, platform, attempt, text=state.text)
+            return
+        await self._needs_review(
+            job,
+            f"{platform.name} cannot tell whether the reply went out (a send was interrupted); "
+            "check the chat and resolve",
+        )
+
+    async def _needs_review(self, job: Job, reason: str) -> None:
+        settled = await self._store.finish_unsent(
+            job.job_id, "needs_review", "unknown", reason, owner=self._owner
+        )
+        if settled is not None:
+            logger.warning("job %s needs review (owner %s): %s", job.job_id, self._owner, reason)
+            await self._alerter.announce(
+                "operation.needs_review",
+                {
+                    "job_id": str(job.job_id),
+                    "chat": job.chat_key,
+                    "operations": [str(o) for o in settled.operation_ids],
+                    "reason": reason,
+                    "owner": self._owner,
+                },
+            )
+
+    async def give_up(self, message: AbstractIncomingMessage, kind: str, reason: str) -> None:
+        """Consumer hook before a job is dead-lettered: the job and its operations fail."""
+        try:
+            job_id = uuid.UUID(message.message_id or "")
+        except ValueError:
+            return
+        settled = await self._store.finish_unsent(job_id, "failed", kind, reason)
+        if settled is not None:
+            logger.warning("job %s failed (%s): %s", job_id, kind, reason)
+            await self._alerter.announce(
+                "operation.failed",
+                {
+                    "job_id": str(job_id),
+                    "chat": settled.chat_key,
+                    "operations": [str(o) for o in settled.operation_ids],
+                    "reason": reason,
+                    "kind": kind,
+                },
+            )

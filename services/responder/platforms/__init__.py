@@ -1,0 +1,1 @@
+"""Platform adapters behind one interface (``base.Platform``)."""

@@ -1,0 +1,90 @@
+"""The interface every platform adapter implements, and the HTTP call they share."""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Protocol
+
+import httpx
+
+from shared import metrics
+
+from ..failures import Failure, classify_status, classify_transport
+from ..ratelimit import AccountRateLimiter
+
+
+@dataclass(frozen=True)
+class Sent:
+    message_id: str
+
+
+class Platform(Protocol):
+    name: str
+    max_text: int
+    #: Re-sending with the same key cannot produce a second message (Idempotency-Key).
+    idempotent: bool
+    #: ``find_sent`` can tell whether a reply whose answer was lost went out.
+    can_reconcile: bool
+
+    async def send(self, account_id: str, chat_id: str, text: str, *, key: str) -> Sent:
+        """Send one reply; raise ``Failure`` when it did not (or may not have) gone out."""
+        ...
+
+    async def find_sent(self, account_id: str, chat_id: str, text: str, since: datetime) -> Sent | None:
+        """Our reply with this text, sent at or after ``since``, if the platform shows it."""
+        ...
+
+    async def aclose(self) -> None: ...
+
+
+async def call(
+    client: httpx.AsyncClient,
+    limiter: AccountRateLimiter | None,
+    platform: str,
+    account_id: str,
+    method: str,
+    url: str,
+    **kwargs: Any,
+) -> httpx.Response:
+    """One platform request: paced per account, timed, transport errors classified.
+    HTTP error statuses are returned for the adapter to read."""
+    if limiter is not None:
+        await limiter.acquire(f"{platform}:{account_id}")
+    started = time.perf_counter()
+    try:
+        response = await client.request(method, url, **kwargs)
+    except httpx.HTTPError as exc:
+        failure = classify_transport(exc)
+        metrics.PLATFORM_SECONDS.labels(platform=platform, outcome=failure.kind.value).observe(
+            time.perf_counter() - started
+        )
+        raise failure from None
+    outcome = "ok" if response.is_success else f"http_{response.status_code // 100}xx"
+    metrics.PLATFORM_SECONDS.labels(platform=platform, outcome=outcome).observe(time.perf_counter() - started)
+    if response.status_code == 429 and limiter is not None:
+        retry_after = retry_after_of(response)
+        if retry_after:
+            limiter.pause(f"{platform}:{account_id}", retry_after)
+    return response
+
+
+def retry_after_of(response: httpx.Response) -> float | None:
+    try:
+        body = response.json()
+    except ValueError:
+        body = {}
+    params = body.get("parameters") if isinstance(body, dict) else None
+    if isinstance(params, dict) and isinstance(params.get("retry_after"), int | float):
+        return float(params["retry_after"])
+    try:
+        return float(response.headers.get("retry-after", ""))
+    except ValueError:
+        return None
+
+
+def raise_for(response: httpx.Response, detail: str = "") -> None:
+    failure: Failure | None = classify_status(response.status_code, detail, retry_after_of(response))
+    if failure is not None:
+        raise failure

@@ -1,0 +1,69 @@
+"""Telegram Bot API: sendMessage. Telegram has no idempotency key and no way to list a
+bot's sent messages, so a send whose answer was lost cannot be reconciled."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import httpx
+
+from ..failures import Failure, Kind
+from ..ratelimit import AccountRateLimiter
+from .base import Sent, call, raise_for
+
+
+class TelegramPlatform:
+    name = "telegram"
+    max_text = 4096
+    idempotent = False
+    can_reconcile = False
+
+    def __init__(
+        self, api_base: str, token: str, client: httpx.AsyncClient, limiter: AccountRateLimiter
+    ) -> None:
+        self._url = f"{api_base.rstrip('/')}/bot{token}/sendMessage"
+        self._client = client
+        self._limiter = limiter
+
+    async def send(self, account_id: str, chat_id: str, text: str, *, key: str) -> Sent:
+        response = await call(
+            self._client,
+            self._limiter,
+            self.name,
+            account_id,
+            "POST",
+            self._url,
+            json={"chat_id": _chat(chat_id), "text": text},
+        )
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        if not response.is_success or not body.get("ok"):
+            raise_for(
+                response if not response.is_success else _as_error(response),
+                str(body.get("description", ""))[:200],
+            )
+        try:
+            return Sent(str(body["result"]["message_id"]))
+        except (KeyError, TypeError):
+            raise Failure(Kind.UNKNOWN, "Telegram answered ok without a message id") from None
+
+    async def find_sent(self, account_id: str, chat_id: str, text: str, since: datetime) -> Sent | None:
+        raise NotImplementedError("Telegram cannot list a bot's sent messages")
+
+    async def aclose(self) -> None:
+        return None
+
+
+def _chat(chat_id: str) -> int | str:
+    return int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
+
+
+def _as_error(response: httpx.Response) -> httpx.Response:
+    # {"ok": false, "error_code": N} with a 200 status: read the error code instead.
+    try:
+        code = int(response.json().get("error_code", 500))
+    except (ValueError, TypeError, AttributeError):
+        code = 500
+    return httpx.Response(code, headers=response.headers, content=response.content)

@@ -1,0 +1,42 @@
+"""The retry decision, pure: given the attempt that just failed, pick the retry tier or
+give up. Tiers are the topology's TTL queues (RETRY_DELAYS_SECONDS)."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+ATTEMPT_HEADER = "chatq-attempt"
+ERROR_HEADER = "chatq-last-error"
+
+
+@dataclass(frozen=True)
+class RetryPlan:
+    next_attempt: int
+    delay: float  # the tier to publish to
+
+
+def next_retry(
+    failed_attempt: int, *, max_attempts: int, tiers: Sequence[float], retry_after: float | None = None
+) -> RetryPlan | None:
+    """None when ``failed_attempt`` was the last one allowed. Otherwise the tier for the
+    next attempt: tier n for the n-th retry (the last tier repeats), or the shortest
+    tier that waits at least ``retry_after`` when the platform said how long to wait."""
+    if failed_attempt < 1:
+        raise ValueError("attempts count from 1")
+    if failed_attempt >= max_attempts:
+        return None
+    ordered = sorted(tiers)
+    delay = list(tiers)[min(failed_attempt - 1, len(tiers) - 1)]
+    if retry_after is not None and retry_after > delay:
+        delay = next((t for t in ordered if t >= retry_after), ordered[-1])
+    return RetryPlan(next_attempt=failed_attempt + 1, delay=delay)
+
+
+def attempt_of(headers: dict[str, object] | None) -> int:
+    """The attempt a delivered message is on (1 when it carries no header)."""
+    value = (headers or {}).get(ATTEMPT_HEADER)
+    try:
+        return max(1, int(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 1
