@@ -14,7 +14,7 @@ export CHATQ_TEST_DATABASE_URL CHATQ_TEST_AMQP_URL CHATQ_TEST_RABBITMQ_API_URL
 
 PYTEST_ARGS ?=
 
-.PHONY: install test unit integration e2e lint run migrate definitions services-check bench tools-bench clean
+.PHONY: install test unit integration e2e lint run demo migrate definitions services-check bench tools-bench clean
 
 install: $(STAMP)
 
@@ -54,10 +54,11 @@ definitions: install
 migrate: install
 	$(BIN)/python -m shared.migrate
 
-# The pipeline so far (receiver with relay, coalescer) on local Postgres and RabbitMQ,
-# in the foreground; Ctrl-C drains and stops everything.
+# The whole pipeline (receiver with relay, coalescer, responder) on local Postgres and
+# RabbitMQ, in the foreground, on built-in defaults (sandbox chat, facts responder);
+# Ctrl-C drains and stops everything.
 run: install
-	$(BIN)/python -m shared.preflight --create-database \
+	$(BIN)/python -m shared.preflight --create-database --start-with-compose \
 	  --database-url "$${CHATQ_DATABASE_URL:-postgresql://postgres@127.0.0.1:5432/chatqueue}" \
 	  --amqp-url "$${CHATQ_AMQP_URL:-amqp://guest:guest@127.0.0.1:5672/}"
 	$(BIN)/python -m services
@@ -70,6 +71,12 @@ tools-bench:
 bench: install services-check tools-bench
 	$(BIN)/python -m bench.intake
 	$(BIN)/python -m bench.coalescer
+
+# The whole pipeline in under a minute against fake platforms: a burst answered once, a
+# duplicate ignored, a failure retried, a permanent failure shown, and a summary.
+demo: install services-check
+	$(BIN)/python -m demo --admin-database-url "$(CHATQ_TEST_DATABASE_URL)" \
+	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

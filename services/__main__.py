@@ -6,6 +6,7 @@ exits; a second Ctrl-C kills them at once."""
 from __future__ import annotations
 
 import os
+import secrets
 import signal
 import subprocess
 import sys
@@ -16,6 +17,10 @@ SERVICES = ("receiver", "coalescer", "responder")
 
 def main() -> int:
     env = dict(os.environ)
+    if not env.get("CHATQ_ADMIN_TOKEN") and env.get("CHATQ_ENV", "development") == "development":
+        # Local development only: a fresh token per run, printed below, never a default.
+        env["CHATQ_ADMIN_TOKEN"] = secrets.token_urlsafe(12)
+    port = env.get("CHATQ_HTTP_PORT", "8080")
     base_metrics = int(env.get("CHATQ_METRICS_PORT", "9100"))
     children: dict[str, subprocess.Popen[bytes]] = {}
     # The receiver migrates first; the others start once it answers (or 20 s pass).
@@ -25,6 +30,13 @@ def main() -> int:
         children[name] = subprocess.Popen([sys.executable, "-m", f"services.{name}"], env=child_env)
         if i == 0:
             time.sleep(1.5)
+    print(
+        f"\nchatqueue is starting. Sandbox chat: http://127.0.0.1:{port}/sandbox\n"
+        f"Operations page: http://127.0.0.1:{port}/ops (admin token: {env['CHATQ_ADMIN_TOKEN']})\n"
+        "Ctrl-C drains and stops everything.\n",
+        file=sys.stderr,
+        flush=True,
+    )
     stopping = False
 
     def forward(sig: int, _frame: object) -> None:

@@ -60,13 +60,49 @@ def _redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
+COMPOSE_FILE = "deploy/compose.yaml"
+
+
+def _docker_engine() -> bool:
+    import shutil
+    import subprocess
+
+    if not shutil.which("docker"):
+        return False
+    return subprocess.run(["docker", "info"], capture_output=True, timeout=15).returncode == 0
+
+
+def _start_with_compose() -> bool:
+    """Start Postgres and RabbitMQ from deploy/compose.yaml where a Docker engine runs."""
+    import os
+    import subprocess
+
+    if not os.path.exists(COMPOSE_FILE) or not _docker_engine():
+        return False
+    print(f"preflight: starting postgres and rabbitmq from {COMPOSE_FILE}", file=sys.stderr)
+    cmd = ["docker", "compose", "-f", COMPOSE_FILE, "up", "-d", "--wait", "postgres", "rabbitmq"]
+    return subprocess.run(cmd).returncode == 0
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
     parser.add_argument("--database-url", required=True)
     parser.add_argument("--amqp-url", required=True)
     parser.add_argument("--rabbitmq-api-url", help="management API, needed by the test suite for vhosts")
     parser.add_argument("--create-database", action="store_true")
+    parser.add_argument(
+        "--start-with-compose", action="store_true", help="start missing services with docker compose"
+    )
     args = parser.parse_args(argv)
+    problems = _problems(args)
+    if problems and args.start_with_compose and _start_with_compose():
+        problems = _problems(args)
+    for p in problems:
+        print(f"preflight: {p}", file=sys.stderr)
+    return 1 if problems else 0
+
+
+def _problems(args: argparse.Namespace) -> list[str]:
     problems: list[str] = []
     pg = asyncio.run(_check_postgres(args.database_url, args.create_database))
     if pg:
@@ -89,9 +125,7 @@ def main(argv: list[str] | None = None) -> int:
                 f"RabbitMQ's management API at {_redact(args.rabbitmq_api_url)} does not answer ({exc}). "
                 f"Enable it: {ENABLE_MANAGEMENT}"
             )
-    for p in problems:
-        print(f"preflight: {p}", file=sys.stderr)
-    return 1 if problems else 0
+    return problems
 
 
 if __name__ == "__main__":

@@ -72,6 +72,9 @@ class Settings(BaseSettings):
 
     # Operations
     admin_token: SecretStr | None = None
+    admin_url: str = "http://127.0.0.1:8080"
+    # The built-in sandbox chat: on in development, off in production unless enabled.
+    sandbox_enabled: bool | None = None
     alert_webhook_url: str | None = None
     alert_webhook_secret: SecretStr | None = None
     http_host: str = "127.0.0.1"
@@ -135,6 +138,10 @@ class Settings(BaseSettings):
         if not delays or any(d <= 0 for d in delays):
             raise ValueError("RETRY_DELAYS_SECONDS needs at least one positive delay")
         return delays
+
+    @property
+    def sandbox_active(self) -> bool:
+        return self.sandbox_enabled if self.sandbox_enabled is not None else self.env == "development"
 
     @property
     def telegram_account_id(self) -> str:

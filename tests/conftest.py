@@ -15,6 +15,7 @@ from shared.broker.topology import build_topology
 from shared.db import create_pool
 from shared.migrate import migrate
 from shared.settings import Settings
+from tests.fakes.platforms import FakeWorld, running_fakes
 from tests.support.broker import QueueInspector
 from tests.support.infra import Infra, InfraUnavailable, provision_infra
 
@@ -57,6 +58,13 @@ def make_settings(infra: Infra, **overrides: Any) -> Settings:
     }
     values.update(overrides)
     return Settings(**values)
+
+
+@pytest.fixture
+async def world() -> AsyncIterator[FakeWorld]:
+    """The fake platforms, model and alert sink on a local port (tests/fakes)."""
+    async with running_fakes() as w:
+        yield w
 
 
 @pytest.fixture

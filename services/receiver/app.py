@@ -9,11 +9,12 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import asyncpg
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import HTMLResponse, JSONResponse
 from prometheus_client import make_asgi_app
 
 from shared import metrics
@@ -25,13 +26,15 @@ from shared.migrate import migrate_dsn
 from shared.outbox import Relay
 from shared.settings import Settings
 
-from . import operations
+from . import operations, sandbox
 from .errors import ApiError, install_error_handlers
 from .intake import Intake, Stored, parse_json, store
 from .limits import BodySizeLimit
 from .webhooks import avito, generic, telegram
 
 logger = logging.getLogger(__name__)
+
+OPS_PAGE = Path(__file__).with_name("static") / "ops.html"
 
 
 @dataclass
@@ -40,6 +43,20 @@ class Runtime:
     broker: BrokerConnection
     relay: Relay | None
     relay_task: asyncio.Task[None] | None
+    stats_task: asyncio.Task[None] | None = None
+
+
+async def _backlog_gauges(pool: asyncpg.Pool, interval: float = 10.0) -> None:
+    """chatq_backlog and chatq_oldest_unfinished_age_seconds, from Postgres."""
+    while True:
+        try:
+            stats = await operations.collect_stats(pool)
+            for state, b in stats["backlog"].items():
+                metrics.BACKLOG.labels(state=state).set(b["count"])
+                metrics.OLDEST_UNFINISHED.labels(state=state).set(b["oldest_age_seconds"])
+        except Exception as exc:
+            logger.debug("backlog gauges not refreshed: %s", exc)
+        await asyncio.sleep(interval)
 
 
 def create_app(settings: Settings) -> FastAPI:
@@ -66,9 +83,16 @@ def create_app(settings: Settings) -> FastAPI:
         redoc_url=None,
     )
     app.state.admin_token = _secret(settings.admin_token)
+    app.state.sandbox_active = settings.sandbox_active
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     app.include_router(operations.router)
+    app.include_router(sandbox.router)
+
+    @app.get("/ops", response_class=HTMLResponse, include_in_schema=False)
+    async def ops_page() -> HTMLResponse:
+        return HTMLResponse(OPS_PAGE.read_text(encoding="utf-8"))
+
     app.mount("/metrics", make_asgi_app())
 
     async def accept(request: Request, platform: str, intake: Intake) -> Stored:
@@ -153,10 +177,14 @@ async def _start(settings: Settings) -> Runtime:
     if settings.relay_enabled:
         relay = Relay.from_settings(pool, broker, settings)
         task = asyncio.create_task(relay.run(), name="outbox-relay")
-    return Runtime(pool, broker, relay, task)
+    return Runtime(
+        pool, broker, relay, task, asyncio.create_task(_backlog_gauges(pool), name="backlog-gauges")
+    )
 
 
 async def _stop(runtime: Runtime) -> None:
+    if runtime.stats_task is not None:
+        runtime.stats_task.cancel()
     if runtime.relay is not None and runtime.relay_task is not None:
         runtime.relay.stop()
         try:

@@ -1,16 +1,29 @@
-"""The admin API's read side: an operation's status in words a person reads."""
+"""The admin API (design section 5): an operation's status in words a person reads,
+lists, retry, resolve and the seller's numbers. Bearer ADMIN_TOKEN compared in constant
+time; no token configured means the admin API is off."""
 
 from __future__ import annotations
 
 import hmac
+import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, Literal
 
 import asyncpg
 from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field
+
+from shared.answered import UPSERT_LAST_ANSWERED
+from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
+from shared.messages import InboundMessage, chat_key
+from shared.outbox import OutboxMessage, enqueue_many
 
 from .errors import ApiError
+
+STATUSES = ("accepted", "queued", "waiting", "replying", "replied", "failed", "needs_review", "ignored")
+UNFINISHED = ("accepted", "queued", "waiting", "replying")
+ACTIONABLE = ("failed", "needs_review")
 
 STATUS_TEXT = {
     "accepted": "received and stored; about to be handed to the bot",
@@ -27,12 +40,17 @@ STATUS_TEXT = {
 def status_text(status: str, reason: str | None, replied_at: datetime | None = None) -> str:
     if status == "replied" and replied_at is not None:
         return f"reply sent at {replied_at.astimezone(UTC):%H:%M} UTC"
+    if status == "needs_review":
+        return (
+            f"{STATUS_TEXT[status]}: {reason}"
+            if reason and "check the chat" not in reason
+            else (reason or STATUS_TEXT[status])
+        )
     text = STATUS_TEXT.get(status, status)
     return f"{text}: {reason}" if reason else text
 
 
 def require_admin(request: Request) -> None:
-    """Bearer ADMIN_TOKEN, compared in constant time. No token configured: API off."""
     expected: str | None = request.app.state.admin_token
     if expected is None:
         raise ApiError(404, "admin_api_disabled", "the admin API is off: set CHATQ_ADMIN_TOKEN")
@@ -44,29 +62,286 @@ def require_admin(request: Request) -> None:
 
 router = APIRouter()
 
+_SELECT = """
+SELECT o.id, o.platform, o.account_id, o.chat_id, o.message_id, o.author_id, o.text, o.sent_at,
+       o.status, o.status_reason, o.received_at, o.updated_at, o.resolution, o.resolved_by, o.resolved_at,
+       o.note, o.retries,
+       j.id AS job_id, j.status AS job_status, j.attempts, j.reply_text, j.platform_message_id,
+       j.sent_at AS reply_sent_at, j.error_kind, j.error_message, j.owner, j.created_at AS job_created_at
+FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
+"""
+
+
+def _parse_id(operation_id: str) -> uuid.UUID:
+    try:
+        return uuid.UUID(operation_id)
+    except ValueError:
+        raise ApiError(400, "bad_operation_id", "operation ids are UUIDs") from None
+
 
 @router.get("/v1/operations/{operation_id}")
 async def get_operation(operation_id: str, request: Request) -> dict[str, Any]:
     require_admin(request)
-    try:
-        op_id = uuid.UUID(operation_id)
-    except ValueError:
-        raise ApiError(400, "bad_operation_id", "operation ids are UUIDs") from None
+    op_id = _parse_id(operation_id)
     pool: asyncpg.Pool = request.app.state.pool
-    row = await pool.fetchrow(
+    row = await pool.fetchrow(_SELECT + " WHERE o.id = $1", op_id)
+    if row is None:
+        raise ApiError(404, "operation_not_found", f"no operation {op_id}")
+    doc = operation_document(row)
+    doc["timeline"] = await timeline(pool, row)
+    return doc
+
+
+_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
+
+
+def parse_age(value: str) -> float:
+    """'90', '90s', '15m', '2h', '1d' -> seconds."""
+    match = _DURATION.match(value.strip())
+    if not match:
+        raise ApiError(
+            400, "bad_older_than", "older_than is seconds or a number with s, m, h or d (e.g. 15m)"
+        )
+    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
+
+
+@router.get("/v1/operations")
+async def list_operations(
+    request: Request, status: str | None = None, older_than: str | None = None, limit: int = 50
+) -> dict[str, Any]:
+    require_admin(request)
+    if not 1 <= limit <= 1000:
+        raise ApiError(400, "bad_limit", "limit is between 1 and 1000")
+    statuses = [s.strip() for s in status.split(",")] if status else list(STATUSES)
+    unknown = [s for s in statuses if s not in STATUSES]
+    if unknown:
+        raise ApiError(400, "bad_status", f"unknown status {unknown[0]!r}; one of {', '.join(STATUSES)}")
+    age = parse_age(older_than) if older_than else 0.0
+    pool: asyncpg.Pool = request.app.state.pool
+    rows = await pool.fetch(
+        _SELECT
+        + """
+        WHERE o.status = ANY($1::text[]) AND o.received_at <= now() - make_interval(secs => $2)
+        ORDER BY o.received_at DESC LIMIT $3
+        """,
+        statuses,
+        age,
+        limit,
+    )
+    return {"operations": [operation_document(r) for r in rows], "count": len(rows)}
+
+
+@router.post("/v1/operations/{operation_id}/retry", status_code=202)
+async def retry_operation(operation_id: str, request: Request) -> dict[str, Any]:
+    """Put a failed or needs_review operation (with the rest of its reply job) back to
+    work through the outbox. The responder's already-answered guard still applies."""
+    require_admin(request)
+    op_id = _parse_id(operation_id)
+    pool: asyncpg.Pool = request.app.state.pool
+    async with pool.acquire() as conn, conn.transaction():
+        row = await _lock_actionable(conn, op_id, "not_retryable", "retried")
+        # Same lock as the coalescer's filing: the chat's windows do not move meanwhile.
+        await conn.execute(
+            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
+            chat_key(row["platform"], row["account_id"], row["chat_id"]),
+        )
+        siblings = list(row["operation_ids"] or [op_id])
+        retried = await conn.fetch(
+            """
+            UPDATE operations SET status = 'accepted', job_id = NULL, status_reason = NULL,
+                   retries = retries + 1, updated_at = now()
+            WHERE id = ANY($1::uuid[]) AND status IN ('failed', 'needs_review')
+            RETURNING id, platform, account_id, chat_id, message_id, author_id, text, sent_at, received_at
+            """,
+            siblings,
+        )
+        ids = [r["id"] for r in retried]
+        await conn.execute("DELETE FROM window_messages WHERE operation_id = ANY($1::uuid[])", ids)
+        await enqueue_many(
+            conn,
+            [
+                OutboxMessage(
+                    exchange=INBOUND_EXCHANGE,
+                    routing_key=inbound_routing_key(r["platform"]),
+                    message_id=str(r["id"]),
+                    ordering_key=chat_key(r["platform"], r["account_id"], r["chat_id"]),
+                    operation_id=r["id"],
+                    body=InboundMessage(
+                        operation_id=r["id"],
+                        platform=r["platform"],
+                        account_id=r["account_id"],
+                        chat_id=r["chat_id"],
+                        message_id=r["message_id"],
+                        author_id=r["author_id"],
+                        text=r["text"],
+                        sent_at=r["sent_at"] or r["received_at"],
+                        received_at=r["received_at"],
+                    ).to_bytes(),
+                )
+                for r in retried
+            ],
+        )
+    runtime = request.app.state.runtime
+    if runtime.relay is not None:
+        runtime.relay.notify()
+    return {"operation_id": str(op_id), "status": "accepted", "retried": [str(i) for i in ids]}
+
+
+async def _lock_actionable(
+    conn: asyncpg.Connection, op_id: uuid.UUID, code: str, verb: str
+) -> asyncpg.Record:
+    """Lock a failed or needs_review operation (404 if missing, 409 if in another state)."""
+    row = await conn.fetchrow(
         """
-        SELECT o.id, o.platform, o.account_id, o.chat_id, o.message_id, o.author_id, o.text, o.sent_at,
-               o.status, o.status_reason, o.received_at, o.updated_at,
-               j.id AS job_id, j.status AS job_status, j.attempts, j.reply_text, j.platform_message_id,
-               j.sent_at AS reply_sent_at, j.error_kind, j.error_message, j.owner
+        SELECT o.status, o.platform, o.account_id, o.chat_id, o.job_id, j.operation_ids, j.chat_key
         FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
-        WHERE o.id = $1
+        WHERE o.id = $1 FOR UPDATE OF o
         """,
         op_id,
     )
     if row is None:
         raise ApiError(404, "operation_not_found", f"no operation {op_id}")
-    return operation_document(row)
+    if row["status"] not in ACTIONABLE:
+        raise ApiError(
+            409, code, f"only failed or needs_review operations can be {verb}; this one is {row['status']}"
+        )
+    return row
+
+
+class Resolution(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    resolution: Literal["replied_manually", "dismissed"]
+    owner: str = Field(min_length=1, max_length=200)
+    note: str = Field(default="", max_length=2000)
+
+
+@router.post("/v1/operations/{operation_id}/resolve")
+async def resolve_operation(operation_id: str, body: Resolution, request: Request) -> dict[str, Any]:
+    """A person closes a failed or needs_review operation (and the rest of its job)."""
+    require_admin(request)
+    op_id = _parse_id(operation_id)
+    pool: asyncpg.Pool = request.app.state.pool
+    status = "replied" if body.resolution == "replied_manually" else "ignored"
+    verb = "replied manually" if body.resolution == "replied_manually" else "dismissed"
+    reason = f"{verb} by {body.owner}" + (f": {body.note}" if body.note else "")
+    async with pool.acquire() as conn, conn.transaction():
+        row = await _lock_actionable(conn, op_id, "not_resolvable", "resolved")
+        resolved = await conn.fetch(
+            """
+            UPDATE operations SET status = $2, status_reason = $3, resolution = $4, resolved_by = $5,
+                   resolved_at = now(), note = $6, updated_at = now()
+            WHERE id = ANY($1::uuid[]) AND status IN ('failed', 'needs_review')
+            RETURNING id, sent_at, message_id
+            """,
+            list(row["operation_ids"] or [op_id]),
+            status,
+            reason,
+            body.resolution,
+            body.owner,
+            body.note or None,
+        )
+        if body.resolution == "replied_manually" and row["job_id"] is not None:
+            # A person answered: the already-answered guard must know.
+            last = max(resolved, key=lambda r: (r["sent_at"], len(r["message_id"]), r["message_id"]))
+            await conn.execute(
+                UPSERT_LAST_ANSWERED,
+                row["chat_key"],
+                last["sent_at"],
+                last["message_id"],
+                datetime.now(UTC),
+                row["job_id"],
+            )
+    return {"operation_id": str(op_id), "status": status, "resolved": [str(r["id"]) for r in resolved]}
+
+
+@router.get("/v1/stats")
+async def stats(request: Request) -> dict[str, Any]:
+    require_admin(request)
+    return await collect_stats(request.app.state.pool)
+
+
+async def collect_stats(pool: asyncpg.Pool) -> dict[str, Any]:
+    backlog = {s: {"count": 0, "oldest_age_seconds": 0.0} for s in (*UNFINISHED, *ACTIONABLE)}
+    for r in await pool.fetch(
+        """
+        SELECT status, count(*) AS n, extract(epoch FROM now() - min(received_at))::float8 AS oldest
+        FROM operations WHERE status = ANY($1::text[]) GROUP BY status
+        """,
+        [*UNFINISHED, *ACTIONABLE],
+    ):
+        backlog[r["status"]] = {"count": r["n"], "oldest_age_seconds": round(r["oldest"], 3)}
+    day = await pool.fetchrow(
+        """
+        SELECT count(*) FILTER (WHERE status = 'replied') AS replied,
+               count(*) FILTER (WHERE status = 'failed') AS failed,
+               count(*) FILTER (WHERE status = 'needs_review') AS needs_review,
+               count(*) FILTER (WHERE status <> 'ignored') AS received,
+               coalesce(sum(retries), 0) AS manual_retries
+        FROM operations WHERE received_at > now() - interval '24 hours'
+        """
+    )
+    retries = await pool.fetchval(
+        "SELECT coalesce(sum(greatest(attempts - 1, 0)), 0) FROM reply_jobs WHERE created_at > now() - interval '24 hours'"
+    )
+    p50, p95 = await pool.fetchrow(
+        """
+        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM j.sent_at - o.received_at)),
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM j.sent_at - o.received_at))
+        FROM operations o JOIN reply_jobs j ON j.id = o.job_id
+        WHERE o.status = 'replied' AND j.status = 'sent' AND o.received_at > now() - interval '24 hours'
+        """
+    )
+    finished = day["replied"] + day["failed"] + day["needs_review"]
+    unfinished = [b for s, b in backlog.items() if s in UNFINISHED and b["count"]]
+    return {
+        "backlog": backlog,
+        "oldest_unfinished_age_seconds": max((b["oldest_age_seconds"] for b in unfinished), default=0.0),
+        "last_24h": {
+            "received": day["received"],
+            "replied": day["replied"],
+            "failed": day["failed"],
+            "needs_review": day["needs_review"],
+            "failed_share": round(day["failed"] / finished, 4) if finished else 0.0,
+            "retries": int(retries) + int(day["manual_retries"]),
+            "receipt_to_reply_p50_seconds": round(p50, 3) if p50 is not None else None,
+            "receipt_to_reply_p95_seconds": round(p95, 3) if p95 is not None else None,
+        },
+    }
+
+
+async def timeline(pool: asyncpg.Pool, row: asyncpg.Record) -> list[dict[str, Any]]:
+    """What happened to the operation, in order, from the timestamps the pipeline keeps."""
+    events: list[tuple[datetime, str]] = [(row["received_at"], "received and stored")]
+    filed = await pool.fetchval("SELECT added_at FROM window_messages WHERE operation_id = $1", row["id"])
+    if filed:
+        events.append((filed, "filed in the chat's window (waiting for the buyer to finish typing)"))
+    if row["job_id"]:
+        events.append((row["job_created_at"], "reply job created"))
+        d = await pool.fetchrow(
+            "SELECT status, attempt, started_at, finished_at, error FROM deliveries WHERE job_id = $1",
+            row["job_id"],
+        )
+        if d is not None:
+            events.append((d["started_at"], f"sending the reply (attempt {d['attempt']})"))
+            if d["finished_at"] and d["status"] != "sent":
+                events.append(
+                    (
+                        d["finished_at"],
+                        f"send {d['status'].replace('_', ' ')}: {d['error'] or ''}".rstrip(": "),
+                    )
+                )
+        if row["reply_sent_at"]:
+            events.append((row["reply_sent_at"], "reply sent"))
+        elif row["job_status"] in ("failed", "needs_review"):
+            events.append(
+                (row["updated_at"], f"{row['job_status'].replace('_', ' ')}: {row['error_message']}")
+            )
+    if row["resolved_at"]:
+        events.append((row["resolved_at"], row["status_reason"] or "resolved"))
+    if row["status"] == "ignored" and not row["resolved_at"]:
+        events.append((row["updated_at"], f"ignored: {row['status_reason']}"))
+    return [{"at": _iso(at), "event": text} for at, text in sorted(events, key=lambda e: e[0])]
 
 
 def operation_document(row: asyncpg.Record) -> dict[str, Any]:
@@ -74,7 +349,7 @@ def operation_document(row: asyncpg.Record) -> dict[str, Any]:
     status = row["status"]
     reason = row["status_reason"]
     error = None
-    if status in ("failed", "needs_review") or (row["error_message"] and status != "replied"):
+    if status in ACTIONABLE or (row["error_message"] and status in UNFINISHED):
         error = {
             "kind": row["error_kind"] or status,
             "message": row["error_message"] or reason,
@@ -86,6 +361,14 @@ def operation_document(row: asyncpg.Record) -> dict[str, Any]:
             "text": row["reply_text"],
             "platform_message_id": row["platform_message_id"],
             "sent_at": _iso(row["reply_sent_at"]),
+        }
+    resolution = None
+    if row["resolution"]:
+        resolution = {
+            "resolution": row["resolution"],
+            "by": row["resolved_by"],
+            "at": _iso(row["resolved_at"]),
+            "note": row["note"],
         }
     return {
         "id": str(row["id"]),
@@ -106,6 +389,8 @@ def operation_document(row: asyncpg.Record) -> dict[str, Any]:
         "reply": reply,
         "error": error,
         "owner": row["owner"] if status == "needs_review" else None,
+        "resolution": resolution,
+        "retries": row["retries"],
     }
 
 

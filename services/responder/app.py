@@ -7,6 +7,7 @@ import asyncio
 import contextlib
 import logging
 
+import asyncpg
 import httpx
 
 from shared.broker.connection import BrokerConnection
@@ -25,16 +26,19 @@ from .llm import FactsWriter, OpenAIWriter, ReplyWriter, facts_text
 from .platforms.avito import AvitoPlatform, AvitoToken
 from .platforms.base import Platform
 from .platforms.generic import GenericPlatform
+from .platforms.sandbox import SandboxPlatform
 from .platforms.telegram import TelegramPlatform
 from .ratelimit import AccountRateLimiter
 
 logger = logging.getLogger(__name__)
 
 
-def build_platforms(settings: Settings, client: httpx.AsyncClient) -> dict[str, Platform]:
-    """Every platform whose reply credentials are configured."""
+def build_platforms(settings: Settings, client: httpx.AsyncClient, pool: asyncpg.Pool) -> dict[str, Platform]:
+    """Every platform whose reply credentials are configured, and the sandbox."""
     limiter = AccountRateLimiter(settings.platform_rate_per_second)
     platforms: dict[str, Platform] = {}
+    if settings.sandbox_active:
+        platforms["sandbox"] = SandboxPlatform(pool)
     if settings.telegram_bot_token is not None:
         platforms["telegram"] = TelegramPlatform(
             settings.telegram_api_base, settings.telegram_bot_token.get_secret_value(), client, limiter
@@ -81,7 +85,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     client = httpx.AsyncClient(
         timeout=timeout, limits=httpx.Limits(max_connections=settings.responder_concurrency * 2)
     )
-    platforms = build_platforms(settings, client)
+    platforms = build_platforms(settings, client, pool)
     writer = build_writer(settings)
     responder = Responder(
         JobStore(pool),

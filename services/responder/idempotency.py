@@ -18,6 +18,7 @@ from datetime import datetime
 import asyncpg
 
 from shared import metrics
+from shared.answered import UPSERT_LAST_ANSWERED
 from shared.broker.consumer import Reject
 from shared.messages import chat_key as make_chat_key
 
@@ -258,18 +259,7 @@ class JobStore:
             )
             last = max(job.messages, key=_platform_order)
             await conn.execute(
-                """
-                INSERT INTO chats (chat_key, last_answered_sent_at, last_answered_message_id, last_reply_at, last_job_id)
-                VALUES ($1, $2, $3, $4, $5)
-                ON CONFLICT (chat_key) DO UPDATE
-                SET last_answered_sent_at = EXCLUDED.last_answered_sent_at,
-                    last_answered_message_id = EXCLUDED.last_answered_message_id,
-                    last_reply_at = EXCLUDED.last_reply_at, last_job_id = EXCLUDED.last_job_id
-                WHERE (chats.last_answered_sent_at, length(chats.last_answered_message_id),
-                       chats.last_answered_message_id)
-                    < (EXCLUDED.last_answered_sent_at, length(EXCLUDED.last_answered_message_id),
-                       EXCLUDED.last_answered_message_id)
-                """,
+                UPSERT_LAST_ANSWERED,
                 job.chat_key,
                 last.sent_at,
                 last.message_id,

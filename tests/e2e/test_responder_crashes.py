@@ -5,26 +5,19 @@ the job ends replied, or needs_review where the platform cannot tell (Telegram).
 from __future__ import annotations
 
 import signal
-from collections.abc import AsyncIterator
 
 import asyncpg
 import httpx
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET
-from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
 from tests.support.pipeline import pipeline_settings
 from tests.support.processes import Receiver, Worker
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean")]
-
-
-@pytest.fixture
-async def world() -> AsyncIterator[FakeWorld]:
-    async with running_fakes() as w:
-        yield w
 
 
 async def post(receiver: Receiver, platform: str, n: int) -> str:

@@ -8,7 +8,8 @@ used one per call: ``"500"``/``"503"``/``"400"``/``"403"`` (that status), ``"429
 (rate limited, retry after N s), ``"lost"`` (do the action, then hold the answer past
 the client's timeout: the outcome is unknown to the caller), ``"slow:N"`` (answer
 after N s), ``"quota"`` (LLM: 429 insufficient_quota).
-Targets: telegram.send, avito.send, avito.list, avito.token, generic.send, llm.
+Targets: telegram.send, avito.send, avito.list, avito.token, generic.send, llm;
+``telegram.send:<chat_id>`` fails only that chat's sends.
 """
 
 from __future__ import annotations
@@ -51,9 +52,14 @@ class FakeWorld:
     def fail(self, target: str, *behaviours: str) -> None:
         self.faults[target].extend(behaviours)
 
-    def take(self, target: str) -> str | None:
-        queue = self.faults.get(target)
-        return queue.popleft() if queue else None
+    def take(self, target: str, chat: str | None = None) -> str | None:
+        """The next behaviour for this call: one queued for this chat
+        (``"telegram.send:42"``) first, else one queued for the target."""
+        for key in ((f"{target}:{chat}",) if chat is not None else ()) + (target,):
+            queue = self.faults.get(key)
+            if queue:
+                return queue.popleft()
+        return None
 
     def expire_avito_tokens(self) -> None:
         self.avito_tokens.clear()
@@ -66,9 +72,11 @@ class FakeWorld:
         return out
 
 
-async def _before(world: FakeWorld, target: str) -> tuple[str | None, JSONResponse | None]:
+async def _before(
+    world: FakeWorld, target: str, chat: str | None = None
+) -> tuple[str | None, JSONResponse | None]:
     """Apply a queued behaviour. Returns (behaviour, response to send instead)."""
-    b = world.take(target)
+    b = world.take(target, chat)
     if b is None or b == "lost":
         return b, None
     if b.startswith("slow:"):
@@ -97,10 +105,10 @@ def fake_app(world: FakeWorld) -> FastAPI:
 
     @app.post("/bot{token}/sendMessage")
     async def telegram_send(token: str, request: Request) -> JSONResponse:
-        b, early = await _before(world, "telegram.send")
+        body = await request.json()
+        b, early = await _before(world, "telegram.send", str(body.get("chat_id")))
         if early is not None:
             return early
-        body = await request.json()
         message_id = next(world.ids)
         world.telegram.append({"chat_id": body["chat_id"], "text": body["text"], "message_id": message_id})
         if b == "lost":

@@ -16,7 +16,7 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer
 from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE, RESPONDER_DEAD_QUEUE, RESPONDER_QUEUE
 from tests.conftest import ADMIN_TOKEN, AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET, TEST_TOPOLOGY, replace
-from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.fakes.platforms import FakeWorld
 from tests.support.broker import QueueInspector, wait_for
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
 from tests.support.pipeline import pipeline_settings
@@ -27,12 +27,6 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
 TG = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-
-
-@pytest.fixture
-async def world() -> AsyncIterator[FakeWorld]:
-    async with running_fakes() as w:
-        yield w
 
 
 @pytest.fixture

@@ -1,0 +1,109 @@
+"""The built-in sandbox platform: a chat page where a person types as a buyer and sees
+the bot's one coalesced answer arrive after the human-like pause. Messages go through
+the real intake (inbox + outbox), RabbitMQ, coalescer and responder; the responder's
+sandbox adapter writes replies to ``sandbox_replies``, which this page reads. On in
+development, off in production unless CHATQ_SANDBOX_ENABLED=true."""
+
+from __future__ import annotations
+
+import json
+import uuid
+from datetime import UTC, datetime
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+from fastapi import APIRouter, Request
+from fastapi.responses import HTMLResponse
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .errors import ApiError
+from .intake import Intake, parse_json, store
+
+ACCOUNT = "sandbox"
+PAGE = Path(__file__).with_name("static") / "sandbox.html"
+
+router = APIRouter()
+
+
+class SandboxMessage(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    chat_id: str = Field(min_length=1, max_length=64, pattern=r"^[A-Za-z0-9_-]+$")
+    text: str = Field(min_length=1, max_length=4000)
+
+
+def _require_sandbox(request: Request) -> None:
+    if not request.app.state.sandbox_active:
+        raise ApiError(404, "sandbox_disabled", "the sandbox chat is off (CHATQ_SANDBOX_ENABLED)")
+
+
+@router.get("/sandbox", response_class=HTMLResponse, include_in_schema=False)
+async def sandbox_page(request: Request) -> HTMLResponse:
+    _require_sandbox(request)
+    return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+
+
+@router.post("/v1/sandbox/messages", status_code=202)
+async def sandbox_message(request: Request) -> dict[str, Any]:
+    _require_sandbox(request)
+    data, _ = parse_json(await request.body())
+    try:
+        msg = SandboxMessage.model_validate(data)
+    except ValidationError as exc:
+        raise ApiError(
+            422,
+            "invalid_payload",
+            "expected {chat_id, text}",
+            details=[{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:5]],
+        ) from None
+    message_id = str(uuid.uuid4())
+    now = datetime.now(UTC)
+    stored = await store(
+        request.app.state.pool,
+        Intake(
+            platform="sandbox",
+            account_id=ACCOUNT,
+            event_id=message_id,
+            chat_id=msg.chat_id,
+            message_id=message_id,
+            author_id="buyer",
+            text=msg.text,
+            sent_at=now,
+            payload=json.dumps({"chat_id": msg.chat_id, "text": msg.text}),
+        ),
+    )
+    runtime = request.app.state.runtime
+    if runtime.relay is not None:
+        runtime.relay.notify()
+    return {"operation_id": str(stored.operation_id), "status": stored.status}
+
+
+@router.get("/v1/sandbox/chats/{chat_id}/messages")
+async def sandbox_messages(chat_id: str, request: Request) -> dict[str, Any]:
+    _require_sandbox(request)
+    pool: asyncpg.Pool = request.app.state.pool
+    rows = await pool.fetch(
+        """
+        SELECT 'buyer' AS author, text, received_at AS at, status, id::text AS operation_id FROM operations
+        WHERE platform = 'sandbox' AND account_id = $1 AND chat_id = $2
+        UNION ALL
+        SELECT 'bot', text, created_at, 'sent', NULL FROM sandbox_replies WHERE account_id = $1 AND chat_id = $2
+        ORDER BY at
+        LIMIT 500
+        """,
+        ACCOUNT,
+        chat_id,
+    )
+    return {
+        "messages": [
+            {
+                "from": r["author"],
+                "text": r["text"],
+                "at": r["at"].isoformat(),
+                "status": r["status"],
+                "operation_id": r["operation_id"],
+            }
+            for r in rows
+        ]
+    }

@@ -1,0 +1,58 @@
+"""The built-in sandbox platform: a chat page served by the receiver (/sandbox) where a
+person types as a buyer. "Sending" a reply writes it to ``sandbox_replies`` (one row per
+job, so a re-send is a no-op and a lost answer can be looked up), where the page reads
+it. It goes through the real receiver, RabbitMQ, coalescer and responder."""
+
+from __future__ import annotations
+
+from datetime import datetime
+
+import asyncpg
+
+from ..failures import Failure, Kind
+from .base import Sent
+
+
+class SandboxPlatform:
+    name = "sandbox"
+    max_text = 4096
+    idempotent = True
+    can_reconcile = True
+
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    async def send(self, account_id: str, chat_id: str, text: str, *, key: str) -> Sent:
+        try:
+            row_id = await self._pool.fetchval(
+                """
+                WITH ins AS (
+                    INSERT INTO sandbox_replies (job_id, account_id, chat_id, text) VALUES ($1, $2, $3, $4)
+                    ON CONFLICT (job_id) DO NOTHING RETURNING id)
+                SELECT id FROM ins UNION ALL SELECT id FROM sandbox_replies WHERE job_id = $1 LIMIT 1
+                """,
+                key,
+                account_id,
+                chat_id,
+                text,
+            )
+        except (OSError, asyncpg.PostgresConnectionError) as exc:
+            raise Failure(Kind.TRANSIENT, f"sandbox store unreachable ({type(exc).__name__})") from None
+        return Sent(f"sb-{row_id}")
+
+    async def find_sent(self, account_id: str, chat_id: str, text: str, since: datetime) -> Sent | None:
+        row_id = await self._pool.fetchval(
+            """
+            SELECT id FROM sandbox_replies
+            WHERE account_id = $1 AND chat_id = $2 AND text = $3 AND created_at >= $4 - interval '2 minutes'
+            ORDER BY id DESC LIMIT 1
+            """,
+            account_id,
+            chat_id,
+            text,
+            since,
+        )
+        return Sent(f"sb-{row_id}") if row_id else None
+
+    async def aclose(self) -> None:
+        return None

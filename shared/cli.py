@@ -1,0 +1,243 @@
+"""``chatq``: the person on call's command line. Talks to the receiver's admin API
+(CHATQ_ADMIN_URL, CHATQ_ADMIN_TOKEN) for status, list, retry, resolve and stats; runs
+migrations and exports the broker topology locally.
+
+Exit codes: 0 done; 1 the API refused (not found, not retryable, ...); 2 bad usage;
+3 the receiver could not be reached or failed.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+import httpx
+
+EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
+
+
+class CliError(Exception):
+    def __init__(self, code: int, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+def table(rows: Sequence[Sequence[Any]], headers: Sequence[str]) -> str:
+    cells = [[str(h) for h in headers], *[["" if c is None else str(c) for c in r] for r in rows]]
+    widths = [min(max(len(r[i]) for r in cells), 60) for i in range(len(headers))]
+
+    def line(r: list[str]) -> str:
+        return "  ".join(
+            (c if len(c) <= 60 else c[:59] + "…").ljust(w) for c, w in zip(r, widths, strict=True)
+        ).rstrip()
+
+    return "\n".join([line(cells[0]), "  ".join("-" * w for w in widths), *(line(r) for r in cells[1:])])
+
+
+def age(seconds: float | None) -> str:
+    if seconds is None:
+        return "–"
+    if seconds < 90:
+        return f"{seconds:.0f}s"
+    if seconds < 5400:
+        return f"{seconds / 60:.0f}m"
+    return f"{seconds / 3600:.1f}h"
+
+
+class Api:
+    def __init__(self, base_url: str, token: str | None) -> None:
+        if not token:
+            raise CliError(EXIT_USAGE, "set CHATQ_ADMIN_TOKEN (the receiver's admin token)")
+        self._client = httpx.Client(
+            base_url=base_url, headers={"authorization": f"Bearer {token}"}, timeout=15
+        )
+
+    def call(self, method: str, path: str, **kwargs: Any) -> dict[str, Any]:
+        try:
+            response = self._client.request(method, path, **kwargs)
+        except httpx.HTTPError as exc:
+            raise CliError(
+                EXIT_UNREACHABLE, f"cannot reach the receiver at {self._client.base_url}: {exc}"
+            ) from None
+        try:
+            body = response.json()
+        except ValueError:
+            body = {}
+        if response.status_code >= 500:
+            raise CliError(EXIT_UNREACHABLE, f"the receiver failed: HTTP {response.status_code}")
+        if response.is_error:
+            err = body.get("error", {}) if isinstance(body, dict) else {}
+            raise CliError(
+                EXIT_REFUSED, f"{err.get('code', response.status_code)}: {err.get('message', response.text)}"
+            )
+        return body
+
+
+def _status(api: Api, args: argparse.Namespace) -> str:
+    op = api.call("GET", f"/v1/operations/{args.operation_id}")
+    if args.json:
+        return json.dumps(op, indent=2, ensure_ascii=False)
+    lines = [
+        f"operation  {op['id']}",
+        f"status     {op['status']} — {op['status_text']}",
+        f"chat       {op['platform']} {op['chat']['account_id']}/{op['chat']['chat_id']}",
+        f"message    {op['message']['text']}",
+        f"age        {age(op['age_seconds'])}",
+    ]
+    if op.get("job"):
+        lines.append(f"job        {op['job']['id']} ({op['job']['status']})")
+    if op.get("reply"):
+        lines.append(f"reply      {op['reply']['text']}")
+    if op.get("error"):
+        lines.append(
+            f"error      {op['error']['kind']}: {op['error']['message']} (attempts {op['error']['attempts']})"
+        )
+    if op.get("owner"):
+        lines.append(f"owner      {op['owner']}")
+    lines.append("timeline")
+    lines += [f"  {e['at']}  {e['event']}" for e in op.get("timeline", [])]
+    return "\n".join(lines)
+
+
+def _list(api: Api, args: argparse.Namespace) -> str:
+    params: dict[str, Any] = {"limit": args.limit}
+    if args.status:
+        params["status"] = args.status
+    if args.older_than:
+        params["older_than"] = args.older_than
+    ops = api.call("GET", "/v1/operations", params=params)["operations"]
+    if args.json:
+        return json.dumps(ops, indent=2, ensure_ascii=False)
+    rows = [
+        (
+            o["id"],
+            o["status"],
+            age(o["age_seconds"]),
+            f"{o['platform']}:{o['chat']['chat_id']}",
+            o["message"]["text"],
+            o["status_text"],
+        )
+        for o in ops
+    ]
+    return (
+        table(rows, ("operation", "status", "age", "chat", "message", "status text"))
+        + f"\n{len(ops)} operation(s)"
+    )
+
+
+def _retry(api: Api, args: argparse.Namespace) -> str:
+    r = api.call("POST", f"/v1/operations/{args.operation_id}/retry")
+    return f"re-queued {len(r['retried'])} operation(s): {', '.join(r['retried'])}"
+
+
+def _resolve(api: Api, args: argparse.Namespace) -> str:
+    r = api.call(
+        "POST",
+        f"/v1/operations/{args.operation_id}/resolve",
+        json={"resolution": args.resolution, "owner": args.owner, "note": args.note or ""},
+    )
+    return f"{r['status']}: {', '.join(r['resolved'])}"
+
+
+def _stats(api: Api, args: argparse.Namespace) -> str:
+    s = api.call("GET", "/v1/stats")
+    if args.json:
+        return json.dumps(s, indent=2)
+    backlog = table(
+        [(k, v["count"], age(v["oldest_age_seconds"])) for k, v in s["backlog"].items()],
+        ("state", "count", "oldest"),
+    )
+    d = s["last_24h"]
+    return "\n".join(
+        [
+            backlog,
+            "",
+            f"oldest unfinished     {age(s['oldest_unfinished_age_seconds'])}",
+            f"last 24 h             received {d['received']}, replied {d['replied']}, failed {d['failed']}, needs review {d['needs_review']}",
+            f"failed share          {d['failed_share'] * 100:.1f} %",
+            f"retries               {d['retries']}",
+            f"receipt to reply      p50 {age(d['receipt_to_reply_p50_seconds'])}, p95 {age(d['receipt_to_reply_p95_seconds'])}",
+        ]
+    )
+
+
+def _migrate(_: Api | None, args: argparse.Namespace) -> str:
+    from shared.migrate import migrate_dsn
+
+    applied = asyncio.run(migrate_dsn(args.settings.database_url.get_secret_value()))
+    return f"applied {len(applied)} migration(s)" + (
+        f": {applied}" if applied else "; the database is up to date"
+    )
+
+
+def _topology(_: Api | None, args: argparse.Namespace) -> str:
+    from shared.broker.topology import build_topology, render_definitions
+
+    text = render_definitions(build_topology(args.settings.retry_delays()), args.vhost)
+    if args.output:
+        with open(args.output, "w") as fh:
+            fh.write(text)
+        return f"wrote {args.output}"
+    return text.rstrip("\n")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(
+        prog="chatq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
+    sub = p.add_subparsers(dest="command", required=True)
+    s = sub.add_parser("status", help="one operation: status, reply or error, timeline")
+    s.add_argument("operation_id")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=_status, api=True)
+    s = sub.add_parser("list", help="operations, newest first")
+    s.add_argument("--status", help="comma-separated, e.g. failed,needs_review")
+    s.add_argument("--older-than", help="e.g. 90, 15m, 2h")
+    s.add_argument("--limit", type=int, default=50)
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=_list, api=True)
+    s = sub.add_parser("retry", help="put a failed or needs_review operation back to work")
+    s.add_argument("operation_id")
+    s.set_defaults(run=_retry, api=True)
+    s = sub.add_parser("resolve", help="close a failed or needs_review operation")
+    s.add_argument("operation_id")
+    s.add_argument("--resolution", choices=["replied_manually", "dismissed"], required=True)
+    s.add_argument("--owner", required=True)
+    s.add_argument("--note")
+    s.set_defaults(run=_resolve, api=True)
+    s = sub.add_parser("stats", help="backlog, oldest unfinished, failed share, retries, reply time")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=_stats, api=True)
+    s = sub.add_parser("migrate", help="apply pending database migrations")
+    s.set_defaults(run=_migrate, api=False)
+    s = sub.add_parser("topology", help="broker topology")
+    s.add_argument("action", choices=["export"])
+    s.add_argument("--vhost", default="/")
+    s.add_argument("--output", "-o")
+    s.set_defaults(run=_topology, api=False)
+    return p
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    from shared.settings import Settings
+
+    args = parser().parse_args(argv)
+    try:
+        args.settings = Settings()
+        api = None
+        if args.api:
+            token = args.settings.admin_token.get_secret_value() if args.settings.admin_token else None
+            api = Api(args.settings.admin_url, token)
+        print(args.run(api, args))
+        return EXIT_OK
+    except CliError as exc:
+        print(f"chatq: {exc}", file=sys.stderr)
+        return exc.code
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,155 @@
+"""The person on call's tools against real services: the chatq command line and the
+operations web page in headless Chromium."""
+
+from __future__ import annotations
+
+import asyncio
+import os
+import shutil
+import subprocess
+import sys
+from collections.abc import AsyncIterator
+
+import httpx
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET
+from tests.fakes.platforms import FakeWorld
+from tests.support.broker import wait_for
+from tests.support.payloads import telegram_update
+from tests.support.pipeline import pipeline_settings
+from tests.support.processes import ROOT, Receiver, Worker
+
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean")]
+
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+CHROMIUM = shutil.which("chromium") or "/usr/bin/chromium"
+
+
+@pytest.fixture
+async def stack(settings, world: FakeWorld) -> AsyncIterator[Receiver]:
+    s = pipeline_settings(settings, world)
+    receiver = await Receiver(s).start()
+    coalescer = await Worker("coalescer", s).start()
+    responder = await Worker("responder", s).start()
+    try:
+        yield receiver
+    finally:
+        for p in (responder, coalescer, receiver):
+            await p.stop()
+
+
+async def failed_operation(receiver: Receiver, world: FakeWorld, n: int) -> str:
+    world.fail("telegram.send", "400")
+    async with httpx.AsyncClient(base_url=receiver.url, timeout=10) as client:
+        r = await client.post(
+            "/v1/webhooks/telegram",
+            json=telegram_update(n, chat_id=800 + n, text="Is it available?"),
+            headers={"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET},
+        )
+        op = r.json()["operation_id"]
+
+        async def failed() -> bool:
+            return (await client.get(f"/v1/operations/{op}", headers=ADMIN)).json()["status"] == "failed"
+
+        await wait_for(failed, within=20, what="the operation to fail")
+    return op
+
+
+async def chatq(
+    receiver: Receiver, *args: str, token: str | None = ADMIN_TOKEN
+) -> subprocess.CompletedProcess[str]:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATQ_")}
+    env["CHATQ_ADMIN_URL"] = receiver.url
+    if token:
+        env["CHATQ_ADMIN_TOKEN"] = token
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "shared.cli", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
+
+
+async def test_the_cli_shows_lists_retries_and_resolves_with_exit_codes_scripts_can_use(
+    stack: Receiver, world: FakeWorld
+) -> None:
+    op = await failed_operation(stack, world, 1)
+    status = await chatq(stack, "status", op)
+    assert status.returncode == 0, status.stderr
+    assert "status     failed — gave up: telegram: HTTP 400" in status.stdout
+    listed = await chatq(stack, "list", "--status", "failed")
+    assert listed.returncode == 0 and op in listed.stdout and "1 operation(s)" in listed.stdout
+    stats = await chatq(stack, "stats")
+    assert stats.returncode == 0 and "failed share          100.0 %" in stats.stdout
+    retried = await chatq(stack, "retry", op)
+    assert retried.returncode == 0 and f"re-queued 1 operation(s): {op}" in retried.stdout
+    async with httpx.AsyncClient(base_url=stack.url) as client:
+
+        async def replied() -> bool:
+            return (await client.get(f"/v1/operations/{op}", headers=ADMIN)).json()["status"] == "replied"
+
+        await wait_for(replied, within=20, what="the retried operation to be replied")
+    again = await chatq(stack, "retry", op)
+    assert again.returncode == 1 and "not_retryable" in again.stderr
+    other = await failed_operation(stack, world, 2)
+    resolved = await chatq(
+        stack, "resolve", other, "--resolution", "dismissed", "--owner", "anna", "--note", "spam"
+    )
+    assert resolved.returncode == 0 and resolved.stdout.startswith("ignored")
+    assert (await chatq(stack, "status", "00000000-0000-0000-0000-000000000000")).returncode == 1
+    assert (await chatq(stack, "stats", token=None)).returncode == 2
+    assert (await chatq(stack, "resolve", other)).returncode == 2  # argparse: missing options
+    unreachable = await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "shared.cli", "stats"],
+        capture_output=True,
+        text=True,
+        env={**os.environ, "CHATQ_ADMIN_URL": "http://127.0.0.1:9", "CHATQ_ADMIN_TOKEN": "x"},
+        cwd=ROOT,
+    )
+    assert unreachable.returncode == 3
+
+
+async def test_the_ops_page_retries_a_failed_operation_and_shows_its_status_change(
+    stack: Receiver, world: FakeWorld
+) -> None:
+    from playwright.async_api import async_playwright
+
+    op = await failed_operation(stack, world, 3)
+    async with async_playwright() as p:
+        browser = await p.chromium.launch(
+            executable_path=CHROMIUM,
+            args=[
+                "--no-sandbox",
+                "--disable-gpu",
+                "--disable-background-networking",
+                "--disable-component-update",
+                "--disable-sync",
+                "--no-first-run",
+            ],
+        )
+        try:
+            page = await browser.new_page()
+            await page.goto(f"{stack.url}/ops")
+            await page.fill("#token", ADMIN_TOKEN)
+            await page.click("#login button")
+            row = page.locator(f'tr[data-id="{op}"]')
+            await row.wait_for(timeout=10_000)
+            assert "gave up" in await row.inner_text()
+            await row.get_by_role("button", name="Retry").click()
+            status = page.locator("#detail-status")
+            await status.wait_for(timeout=10_000)
+            # The page refreshes the open operation every few seconds.
+            await page.wait_for_function(
+                "document.querySelector('#detail-status')?.dataset.status === 'replied'", timeout=30_000
+            )
+            assert await status.get_attribute("data-status") == "replied"
+            assert "reply sent at" in await status.inner_text()
+            await page.wait_for_function(f"!document.querySelector('tr[data-id=\"{op}\"]')", timeout=10_000)
+            await page.screenshot(path=str(ROOT / ".pytest_cache" / "ops-page.png"), full_page=True)
+        finally:
+            await browser.close()

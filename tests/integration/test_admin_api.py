@@ -1,0 +1,139 @@
+"""The admin API a person uses: lists, retry, resolve and the seller's numbers."""
+
+from __future__ import annotations
+
+import asyncpg
+import pytest
+
+from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET
+from tests.fakes.platforms import FakeWorld
+from tests.support.broker import wait_for
+from tests.support.payloads import telegram_update
+from tests.support.pipeline import pipeline_settings
+from tests.support.receiver import running_receiver
+from tests.support.services import running_coalescers, running_responders
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
+
+TG = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+
+
+@pytest.fixture
+async def api(settings, world: FakeWorld):
+    s = pipeline_settings(settings, world)
+    async with running_receiver(s) as (_, client), running_coalescers(s), running_responders(s):
+        yield client
+
+
+async def post(api, n: int, chat: int, text: str = "Do you deliver?") -> str:
+    r = await api.post("/v1/webhooks/telegram", json=telegram_update(n, chat_id=chat, text=text), headers=TG)
+    return r.json()["operation_id"]
+
+
+async def settled(api, op: str, *statuses: str) -> dict:
+    async def check() -> dict | None:
+        doc = (await api.get(f"/v1/operations/{op}", headers=ADMIN)).json()
+        return doc if doc["status"] in statuses else None
+
+    return await wait_for(check, within=20, what=f"{op} to be {statuses}")  # type: ignore[return-value]
+
+
+async def test_a_failed_operation_is_retried_through_the_outbox_and_replied_once(
+    api, world: FakeWorld
+) -> None:
+    world.fail("telegram.send", "400")
+    op = await post(api, 1, 71)
+    failed = await settled(api, op, "failed")
+    assert "HTTP 400" in failed["status_text"]
+    r = await api.post(f"/v1/operations/{op}/retry", headers=ADMIN)
+    assert r.status_code == 202
+    assert r.json()["retried"] == [op]
+    doc = await settled(api, op, "replied")
+    assert doc["retries"] == 1
+    assert doc["job"]["id"] != failed["job"]["id"]
+    assert len(world.replies_to("71")) == 1
+    events = [e["event"] for e in doc["timeline"]]
+    assert events[0] == "received and stored"
+    assert "reply sent" in events
+
+
+async def test_a_replied_operation_cannot_be_retried_so_a_retry_never_makes_a_second_reply(
+    api, world
+) -> None:
+    op = await post(api, 2, 72)
+    await settled(api, op, "replied")
+    r = await api.post(f"/v1/operations/{op}/retry", headers=ADMIN)
+    assert r.status_code == 409
+    assert r.json()["error"]["code"] == "not_retryable"
+    assert len(world.replies_to("72")) == 1
+
+
+async def test_resolving_records_who_and_why_and_replied_manually_feeds_the_answered_guard(
+    api, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    world.fail("telegram.send", "lost", "lost")
+    a = await post(api, 3, 73)
+    b = await post(api, 4, 74)
+    await settled(api, a, "needs_review")
+    await settled(api, b, "needs_review")
+    r = await api.post(
+        f"/v1/operations/{a}/resolve",
+        headers=ADMIN,
+        json={"resolution": "replied_manually", "owner": "anna", "note": "checked"},
+    )
+    assert r.status_code == 200
+    doc = await settled(api, a, "replied")
+    assert doc["resolution"]["by"] == "anna"
+    assert doc["status_text"] == "reply sent: replied manually by anna: checked"
+    assert await pool.fetchval("SELECT count(*) FROM chats WHERE chat_key = 'telegram:4242:73'") == 1
+    r = await api.post(
+        f"/v1/operations/{b}/resolve", headers=ADMIN, json={"resolution": "dismissed", "owner": "anna"}
+    )
+    assert (await settled(api, b, "ignored"))["status_text"] == "not for the bot: dismissed by anna"
+    again = await api.post(
+        f"/v1/operations/{b}/resolve", headers=ADMIN, json={"resolution": "dismissed", "owner": "x"}
+    )
+    assert again.status_code == 409
+    bad = await api.post(
+        f"/v1/operations/{b}/resolve", headers=ADMIN, json={"resolution": "whatever", "owner": "x"}
+    )
+    assert bad.status_code == 422
+
+
+async def test_lists_filter_by_status_and_age_newest_first(api, world: FakeWorld) -> None:
+    world.fail("telegram.send", "400")
+    failed = await post(api, 5, 75)
+    await settled(api, failed, "failed")
+    replied = await post(api, 6, 76)
+    await settled(api, replied, "replied")
+    everything = (await api.get("/v1/operations", headers=ADMIN)).json()
+    assert [o["id"] for o in everything["operations"]] == [replied, failed]
+    only_failed = (await api.get("/v1/operations?status=failed,needs_review", headers=ADMIN)).json()
+    assert [o["id"] for o in only_failed["operations"]] == [failed]
+    assert (await api.get("/v1/operations?older_than=1h", headers=ADMIN)).json()["count"] == 0
+    assert (await api.get("/v1/operations?status=nope", headers=ADMIN)).status_code == 400
+    assert (await api.get("/v1/operations?older_than=soon", headers=ADMIN)).status_code == 400
+
+
+async def test_stats_give_backlog_failed_share_retries_and_reply_time(api, world: FakeWorld) -> None:
+    world.fail("telegram.send", "503", "400")
+    first = await post(api, 7, 77)
+    await settled(api, first, "failed")  # one retry, then a 400
+    ok = await post(api, 8, 78)
+    await settled(api, ok, "replied")
+    stats = (await api.get("/v1/stats", headers=ADMIN)).json()
+    day = stats["last_24h"]
+    assert (day["received"], day["replied"], day["failed"]) == (2, 1, 1)
+    assert day["failed_share"] == 0.5
+    assert day["retries"] == 1
+    assert day["receipt_to_reply_p50_seconds"] >= 0
+    assert stats["backlog"]["failed"]["count"] == 1
+    assert stats["backlog"]["waiting"]["count"] == 0
+    metrics = (await api.get("/metrics/")).text
+    assert 'chatq_retries_total{reason="telegram_transient"}' in metrics
+
+
+async def test_the_admin_api_refuses_without_the_token(api) -> None:
+    assert (await api.get("/v1/stats")).status_code == 401
+    assert (await api.post("/v1/operations/00000000-0000-0000-0000-000000000000/retry")).status_code == 401
