@@ -14,7 +14,7 @@ export CHATQ_TEST_DATABASE_URL CHATQ_TEST_AMQP_URL CHATQ_TEST_RABBITMQ_API_URL
 
 PYTEST_ARGS ?=
 
-.PHONY: install test unit integration e2e lint run demo migrate definitions services-check bench tools-bench clean
+.PHONY: install test unit integration e2e lint run demo chaos migrate definitions services-check bench tools-bench clean
 
 install: $(STAMP)
 
@@ -76,6 +76,12 @@ bench: install services-check tools-bench
 # duplicate ignored, a failure retried, a permanent failure shown, and a summary.
 demo: install services-check
 	$(BIN)/python -m demo --admin-database-url "$(CHATQ_TEST_DATABASE_URL)" \
+	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
+
+# The full fault campaign: every scenario, thousands of messages, the accounting table.
+# Restarts the local RabbitMQ and Postgres in two scenarios: run it on a machine of its own.
+chaos: install services-check
+	$(BIN)/python -m chaos --admin-database-url "$(CHATQ_TEST_DATABASE_URL)" \
 	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
 
 clean:

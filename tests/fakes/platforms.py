@@ -17,6 +17,8 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import logging
+import random
 import time
 from collections import defaultdict, deque
 from collections.abc import AsyncIterator
@@ -48,6 +50,9 @@ class FakeWorld:
     avito_token_requests: int = 0
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     url: str = ""
+    #: Random failures once the queues are empty: target -> [(behaviour, probability)].
+    random_faults: dict[str, list[tuple[str, float]]] = field(default_factory=dict)
+    rng: random.Random = field(default_factory=lambda: random.Random(7))
 
     def fail(self, target: str, *behaviours: str) -> None:
         self.faults[target].extend(behaviours)
@@ -59,6 +64,11 @@ class FakeWorld:
             queue = self.faults.get(key)
             if queue:
                 return queue.popleft()
+        roll = self.rng.random()
+        for behaviour, p in self.random_faults.get(target, ()):
+            if roll < p:
+                return behaviour
+            roll -= p
         return None
 
     def expire_avito_tokens(self) -> None:
@@ -244,6 +254,8 @@ async def running_fakes() -> AsyncIterator[FakeWorld]:
     import uvicorn
 
     world = FakeWorld()
+    # A caller that gave up on a "lost" answer disconnects; that is the point, not an error.
+    logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
     port = free_port()
     server = OpsServer(
         uvicorn.Config(fake_app(world), host="127.0.0.1", port=port, log_config=None, access_log=False)

@@ -99,8 +99,8 @@ class ServiceProcess:
 
 
 class Receiver(ServiceProcess):
-    def __init__(self, settings: Any, **extra: str) -> None:
-        self.port = free_port()
+    def __init__(self, settings: Any, *, port: int | None = None, **extra: str) -> None:
+        self.port = port or free_port()
         super().__init__(
             "services.receiver",
             settings_env(settings, CHATQ_HTTP_PORT=str(self.port), **extra),

@@ -1,0 +1,516 @@
+"""Fault campaign runner.
+
+Each scenario starts the pipeline (receiver, coalescer, responder as real processes)
+on a fresh database and vhost, with RabbitMQ reached through a TCP fault proxy and the
+platforms and model faked in-process. A load driver posts bursts of buyer messages over
+many chats through Telegram, Avito and generic webhooks, with duplicate deliveries, and
+retries every delivery that did not get a 2xx, as the platforms do. Meanwhile the
+scenario injects its faults. Then the pipeline drains and the verdict is computed from
+the driver's records, the fake platforms' records and the database.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+import itertools
+import os
+import random
+import signal
+import subprocess
+import time
+from collections import Counter, defaultdict
+from collections.abc import Awaitable, Callable
+from dataclasses import dataclass, field
+from urllib.parse import urlsplit, urlunsplit
+
+import asyncpg
+import httpx
+
+from bench.support import drop_database, fresh_database, private_vhost
+from shared.faults import KNOWN_POINTS
+from shared.settings import Settings
+from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
+from tests.support.processes import Receiver, ServiceProcess, Worker, free_port
+from tests.support.tcpproxy import TcpProxy
+
+TG_SECRET = "chaos-telegram-secret"
+AVITO_SECRET = "chaos-avito-secret"
+GENERIC_SECRET = "whsec_Y2hhb3MtZ2VuZXJpYy1zZWNyZXQtMDEyMzQ1Njc4OQ=="
+PLATFORMS = ("telegram", "avito", "generic")
+FINAL = ("replied", "failed", "needs_review", "ignored")
+
+
+@dataclass
+class Event:
+    platform: str
+    chat: str
+    message_id: str
+    text: str
+    at: float = 0.0  # seconds after the load starts
+    deliveries: int = 0
+    acked: bool = False
+
+
+@dataclass
+class Infra:
+    admin_database_url: str
+    amqp_url: str
+    rabbitmq_api_url: str
+
+
+@dataclass
+class Cluster:
+    settings: Settings
+    receiver_port: int
+    procs: dict[str, ServiceProcess] = field(default_factory=dict)
+    restarts: Counter[str] = field(default_factory=Counter)
+
+    def _make(self, name: str, **extra: str) -> ServiceProcess:
+        if name == "receiver":
+            return Receiver(self.settings, port=self.receiver_port, **extra)
+        return Worker(name, self.settings, **extra)
+
+    async def start(self, name: str, *, fault_point: str | None = None) -> None:
+        extra = {"CHATQ_FAULT_POINT": fault_point} if fault_point else {}
+        proc = self._make(name, **extra)
+        await proc.start(wait_healthy=False)  # type: ignore[call-arg]
+        self.procs[name] = proc
+
+    async def start_all(self) -> None:
+        for name in ("receiver", "coalescer", "responder"):
+            await self.start(name)
+        await self.procs["receiver"].wait_http(f"http://127.0.0.1:{self.receiver_port}/healthz")
+
+    async def kill(self, name: str) -> None:
+        proc = self.procs[name]
+        if proc.proc and proc.proc.returncode is None:
+            proc.proc.send_signal(signal.SIGKILL)
+        await proc.stop()
+
+    async def restart(self, name: str, *, fault_point: str | None = None) -> None:
+        await self.kill(name)
+        self.restarts[name] += 1
+        await self.start(name, fault_point=fault_point)
+
+    async def ensure_running(self) -> None:
+        for name, proc in list(self.procs.items()):
+            if proc.proc is not None and proc.proc.returncode is not None:
+                await proc.stop()
+                self.restarts[name] += 1
+                await self.start(name)
+
+    async def stop_all(self) -> None:
+        for proc in self.procs.values():
+            await proc.stop()
+
+
+@dataclass
+class Scenario:
+    name: str
+    faults: Callable[[Cluster, TcpProxy, FakeWorld, asyncio.Event], Awaitable[None]]
+    llm: bool = False
+
+
+# ---- faults --------------------------------------------------------------------------
+
+
+async def no_faults(*_: object) -> None:
+    return None
+
+
+async def random_kills(cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event) -> None:
+    rng = random.Random(11)
+    while not done.is_set():
+        await _sleep_or_done(done, rng.uniform(1.0, 2.5))
+        if done.is_set():
+            break
+        await cluster.restart(rng.choice(("receiver", "coalescer", "responder")))
+
+
+async def fault_points(cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event) -> None:
+    owners = {"receiver": "receiver", "relay": "receiver", "coalescer": "coalescer", "responder": "responder"}
+    for point in sorted(KNOWN_POINTS):
+        if done.is_set():
+            break
+        name = owners[point.split(".")[0]]
+        await cluster.restart(name, fault_point=point)
+        proc = cluster.procs[name]
+        with contextlib.suppress(AssertionError):
+            await proc.wait_exit(within=4)  # reached the point and died, or never reached it
+        await cluster.restart(name)
+        await _sleep_or_done(done, 0.5)
+
+
+async def broker_cuts(cluster: Cluster, proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event) -> None:
+    rng = random.Random(13)
+    while not done.is_set():
+        await _sleep_or_done(done, rng.uniform(1.0, 2.0))
+        proxy.block()
+        await asyncio.sleep(rng.uniform(0.5, 2.0))
+        proxy.unblock()
+
+
+async def platform_faults(cluster: Cluster, _proxy: TcpProxy, world: FakeWorld, done: asyncio.Event) -> None:
+    world.random_faults = {
+        "telegram.send": [("503", 0.08), ("429:1", 0.04), ("slow:0.5", 0.04), ("lost", 0.02)],
+        "avito.send": [("500", 0.08), ("429:1", 0.03), ("lost", 0.04)],
+        "avito.list": [("503", 0.05)],
+        "generic.send": [("503", 0.08), ("lost", 0.04)],
+        "llm": [("500", 0.06), ("slow:2", 0.04)],
+    }
+    await done.wait()
+
+
+async def broker_restart(cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event) -> None:
+    await _sleep_or_done(done, 2)
+    await asyncio.to_thread(subprocess.run, ["rabbitmqctl", "stop_app"], capture_output=True, check=False)
+    await asyncio.sleep(3)
+    await asyncio.to_thread(subprocess.run, ["rabbitmqctl", "start_app"], capture_output=True, check=False)
+
+
+async def postgres_restart(
+    cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event
+) -> None:
+    await _sleep_or_done(done, 2)
+    version = sorted(os.listdir("/etc/postgresql"))[0]
+    await asyncio.to_thread(
+        subprocess.run,
+        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
+        capture_output=True,
+        check=False,
+    )
+
+
+async def _sleep_or_done(done: asyncio.Event, seconds: float) -> None:
+    with contextlib.suppress(TimeoutError):
+        await asyncio.wait_for(done.wait(), timeout=seconds)
+
+
+SHORT = [
+    Scenario("baseline (no faults)", no_faults),
+    Scenario("kill -9 at random moments", random_kills),
+    Scenario("kill -9 at every fault point", fault_points),
+    Scenario("RabbitMQ connections cut", broker_cuts),
+    Scenario("platform 5xx/429/slow/lost, model errors", platform_faults, llm=True),
+]
+FULL = [
+    *SHORT,
+    Scenario("RabbitMQ stopped and started", broker_restart),
+    Scenario("Postgres restarted", postgres_restart),
+]
+
+
+# ---- load ----------------------------------------------------------------------------
+
+
+def make_events(messages: int, chats: int, duration: float, rng: random.Random) -> list[list[Event]]:
+    """Each chat's messages, in bursts of 1-4 typed 0.1-0.4 s apart, the bursts spread over
+    ``duration`` seconds so the load runs while the faults do. Message ids grow with time
+    within a chat, as the platforms' do."""
+    counts = [0] * chats
+    for _ in range(messages):
+        counts[rng.randrange(chats)] += 1
+    out: list[list[Event]] = []
+    next_id = 1
+    for c, count in enumerate(counts):
+        if not count:
+            continue
+        times: list[float] = []
+        while len(times) < count:
+            start = rng.uniform(0, duration)
+            for i in range(min(rng.randint(1, 4), count - len(times))):
+                times.append(start + i * rng.uniform(0.1, 0.4))
+        platform = PLATFORMS[c % len(PLATFORMS)]
+        events = []
+        for t in sorted(times):
+            events.append(
+                Event(platform, f"{7000 + c}", str(next_id), f"message {next_id}: is it available?", at=t)
+            )
+            next_id += 1
+        out.append(events)
+    return out
+
+
+async def deliver(client: httpx.AsyncClient, event: Event, deadline: float) -> None:
+    """Post until a 2xx, as the platforms retry; give up at the deadline."""
+    while time.monotonic() < deadline:
+        event.deliveries += 1
+        try:
+            if event.platform == "telegram":
+                r = await client.post(
+                    "/v1/webhooks/telegram",
+                    json=telegram_update(int(event.message_id), chat_id=int(event.chat), text=event.text),
+                    headers={"X-Telegram-Bot-Api-Secret-Token": TG_SECRET},
+                )
+            elif event.platform == "avito":
+                r = await client.post(
+                    f"/v1/webhooks/avito/{AVITO_SECRET}",
+                    json=avito_webhook(event.message_id, chat_id=event.chat, text=event.text),
+                )
+            else:
+                body = dumps(generic_message(event.message_id, chat_id=event.chat, text=event.text))
+                r = await client.post(
+                    "/v1/webhooks/generic",
+                    content=body,
+                    headers=signed(GENERIC_SECRET, body, webhook_id=f"wh-{event.message_id}"),
+                )
+            if r.is_success:
+                event.acked = True
+                return
+        except httpx.HTTPError:
+            pass
+        await asyncio.sleep(0.3)
+
+
+async def drive(url: str, bursts: list[list[Event]], rng: random.Random, *, duplicates: float = 0.1) -> None:
+    started = time.monotonic()
+    deadline = started + max(e.at for b in bursts for e in b) + 90
+    async with httpx.AsyncClient(base_url=url, timeout=5, limits=httpx.Limits(max_connections=64)) as client:
+
+        async def chat(burst: list[Event]) -> None:
+            for event in burst:
+                await asyncio.sleep(max(0.0, started + event.at - time.monotonic()))
+                await deliver(client, event, deadline)
+                if rng.random() < duplicates:
+                    await deliver(client, event, deadline)  # a duplicate delivery
+
+        await asyncio.gather(*(chat(b) for b in bursts))
+
+
+# ---- verdict -------------------------------------------------------------------------
+
+
+@dataclass
+class Verdict:
+    scenario: str
+    attempted: int
+    deliveries: int
+    acknowledged: int
+    stored: int
+    replied: int
+    failed: int
+    needs_review: int
+    ignored: int
+    lost: int
+    duplicated: int
+    out_of_order: int
+    restarts: int
+    reasons: dict[str, int]
+    seconds: float
+
+    @property
+    def ok(self) -> bool:
+        return self.lost == 0 and self.duplicated == 0 and self.out_of_order == 0
+
+
+async def verdict(
+    name: str, pool: asyncpg.Pool, world: FakeWorld, bursts: list[list[Event]], restarts: int, seconds: float
+) -> Verdict:
+    events = [e for b in bursts for e in b]
+    rows = await pool.fetch("SELECT platform, chat_id, message_id, status, status_reason FROM operations")
+    ops = {(r["platform"], r["chat_id"], r["message_id"]): r for r in rows}
+    status = Counter()
+    reasons: Counter[str] = Counter()
+    lost = 0
+    stored = 0
+    for e in events:
+        op = ops.get((e.platform, e.chat, e.message_id))
+        if op is not None:
+            stored += 1
+            status[op["status"]] += 1
+            if op["status"] in ("failed", "needs_review"):
+                reasons[(op["status_reason"] or "")[:70]] += 1
+        if e.acked and (op is None or op["status"] not in FINAL):
+            lost += 1
+    # Duplicates: a message in two sent jobs, or more platform messages in a chat than
+    # jobs that may have sent one (sent, or needs_review whose send may have happened).
+    doubled = await pool.fetchval(
+        "SELECT count(*) FROM (SELECT op FROM reply_jobs, unnest(operation_ids) op WHERE status = 'sent' GROUP BY op HAVING count(*) > 1) d"
+    )
+    may_have_sent = defaultdict(int)
+    for r in await pool.fetch(
+        "SELECT chat_id, count(*) AS n FROM reply_jobs WHERE status IN ('sent', 'needs_review') GROUP BY chat_id"
+    ):
+        may_have_sent[r["chat_id"]] = r["n"]
+    extra = 0
+    for chat in {e.chat for e in events}:
+        extra += max(0, len(world.replies_to(chat)) - may_have_sent[chat])
+    # Order: within a chat, each sent reply covers only messages after the previous one's.
+    jobs: dict[str, list[tuple[object, tuple, tuple]]] = defaultdict(list)
+    for r in await pool.fetch(
+        """
+        SELECT j.chat_key, j.sent_at, array_agg(ROW(o.sent_at, length(o.message_id), o.message_id)) AS keys
+        FROM reply_jobs j JOIN operations o ON o.id = ANY(j.operation_ids)
+        WHERE j.status = 'sent' GROUP BY j.id, j.chat_key, j.sent_at
+        """
+    ):
+        keys = [tuple(k) for k in r["keys"]]
+        jobs[r["chat_key"]].append((r["sent_at"], min(keys), max(keys)))
+    out_of_order = 0
+    for replies in jobs.values():
+        replies.sort(key=lambda j: j[0])
+        out_of_order += sum(1 for prev, cur in itertools.pairwise(replies) if cur[1] <= prev[2])
+    return Verdict(
+        scenario=name,
+        attempted=len(events),
+        deliveries=sum(e.deliveries for e in events),
+        acknowledged=sum(e.acked for e in events),
+        stored=stored,
+        replied=status["replied"],
+        failed=status["failed"],
+        needs_review=status["needs_review"],
+        ignored=status["ignored"],
+        lost=lost,
+        duplicated=int(doubled) + extra,
+        out_of_order=int(out_of_order),
+        restarts=restarts,
+        reasons=dict(reasons.most_common(5)),
+        seconds=round(seconds, 1),
+    )
+
+
+async def drain(pool: asyncpg.Pool, *, quiet_for: float = 15.0, within: float = 120.0) -> None:
+    """Wait until every stored message is final, or nothing moved for ``quiet_for``."""
+    deadline = time.monotonic() + within
+    last, last_change = None, time.monotonic()
+    while time.monotonic() < deadline:
+        state = await pool.fetchval(
+            "SELECT count(*) FILTER (WHERE status NOT IN ('replied','failed','needs_review','ignored')) || '/' || count(*) FROM operations"
+        )
+        if state.startswith("0/"):
+            return
+        if state != last:
+            last, last_change = state, time.monotonic()
+        elif time.monotonic() - last_change > quiet_for:
+            return
+        await asyncio.sleep(0.5)
+
+
+# ---- one scenario --------------------------------------------------------------------
+
+
+def _with_port(url: str, port: int) -> str:
+    p = urlsplit(url)
+    auth = f"{p.username}:{p.password}@" if p.username else ""
+    return urlunsplit((p.scheme, f"{auth}127.0.0.1:{port}", p.path, "", ""))
+
+
+async def run_scenario(
+    scenario: Scenario, infra: Infra, *, messages: int, chats: int, duration: float, seed: int = 1
+) -> Verdict:
+    rng = random.Random(seed)
+    started = time.monotonic()
+    name, db_url = await fresh_database(infra.admin_database_url)
+    try:
+        async with (
+            private_vhost(infra.amqp_url, infra.rabbitmq_api_url) as amqp_url,
+            running_fakes() as world,
+        ):
+            target = urlsplit(amqp_url)
+            proxy = await TcpProxy(target.hostname or "127.0.0.1", target.port or 5672).start()
+            settings = Settings(
+                database_url=db_url,
+                amqp_url=_with_port(amqp_url, proxy.port),
+                telegram_webhook_secret=TG_SECRET,
+                telegram_bot_token="4242:chaos",
+                telegram_api_base=world.url,
+                avito_webhook_secret=AVITO_SECRET,
+                avito_client_id="chaos",
+                avito_client_secret="chaos-secret",
+                avito_api_base=world.url,
+                generic_webhook_secret=GENERIC_SECRET,
+                generic_reply_url=f"{world.url}/generic/replies",
+                llm_base_url=f"{world.url}/v1" if scenario.llm else None,
+                llm_timeout_seconds=1.0,
+                admin_token="chaos-admin",
+                quiet_seconds=0.3,
+                reply_delay_min_seconds=0.3,
+                reply_delay_max_seconds=0.8,
+                max_wait_seconds=2.0,
+                retry_delays_seconds="0.5,1,2",
+                max_attempts=8,
+                platform_timeout_seconds=1.0,
+                coalescer_poll_seconds=0.2,
+                relay_poll_seconds=0.2,
+                database_pool_size=6,
+                log_level="WARNING",
+            )
+            cluster = Cluster(settings, free_port())
+            await cluster.start_all()
+            pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
+            try:
+                bursts = make_events(messages, chats, duration, rng)
+                done = asyncio.Event()
+                faults = asyncio.create_task(scenario.faults(cluster, proxy, world, done))
+                await drive(f"http://127.0.0.1:{cluster.receiver_port}", bursts, rng)
+                done.set()
+                await faults
+                proxy.unblock()
+                world.random_faults = {}
+                await cluster.ensure_running()
+                await drain(pool)
+                return await verdict(
+                    scenario.name,
+                    pool,
+                    world,
+                    bursts,
+                    sum(cluster.restarts.values()),
+                    time.monotonic() - started,
+                )
+            finally:
+                await pool.close()
+                await cluster.stop_all()
+                await proxy.close()
+    finally:
+        with contextlib.suppress(Exception):
+            await drop_database(infra.admin_database_url, name)
+
+
+def table(verdicts: list[Verdict]) -> str:
+    headers = (
+        "scenario",
+        "attempted",
+        "deliveries",
+        "acked 2xx",
+        "stored",
+        "replied",
+        "failed",
+        "needs review",
+        "ignored",
+        "lost",
+        "duplicated",
+        "out of order",
+        "restarts",
+        "s",
+        "verdict",
+    )
+    rows = [
+        (
+            v.scenario,
+            v.attempted,
+            v.deliveries,
+            v.acknowledged,
+            v.stored,
+            v.replied,
+            v.failed,
+            v.needs_review,
+            v.ignored,
+            v.lost,
+            v.duplicated,
+            v.out_of_order,
+            v.restarts,
+            v.seconds,
+            "pass" if v.ok else "FAIL",
+        )
+        for v in verdicts
+    ]
+    cells = [[str(c) for c in headers], *[[str(c) for c in r] for r in rows]]
+    widths = [max(len(r[i]) for r in cells) for i in range(len(headers))]
+    lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
+    lines.insert(1, "  ".join("-" * w for w in widths))
+    for v in verdicts:
+        if v.reasons:
+            lines.append(f"  {v.scenario}: " + "; ".join(f"{n}× {r}" for r, n in v.reasons.items()))
+    return "\n".join(lines)
