@@ -30,6 +30,7 @@ from . import operations, sandbox
 from .errors import ApiError, install_error_handlers
 from .intake import Intake, Stored, parse_json, store
 from .limits import BodySizeLimit
+from .openapi import json_body
 from .webhooks import avito, generic, telegram
 
 logger = logging.getLogger(__name__)
@@ -105,7 +106,7 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.WEBHOOKS.labels(platform=platform, outcome=outcome).inc()
         return stored
 
-    @app.post("/v1/webhooks/telegram")
+    @app.post("/v1/webhooks/telegram", openapi_extra=json_body(telegram.TelegramUpdate))
     async def telegram_webhook(request: Request) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("telegram"):
@@ -115,7 +116,7 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.WEBHOOK_SECONDS.labels(platform="telegram").observe(time.perf_counter() - started)
         return JSONResponse(_ack(stored))
 
-    @app.post("/v1/webhooks/avito/{secret}")
+    @app.post("/v1/webhooks/avito/{secret}", openapi_extra=json_body(avito.AvitoWebhook))
     async def avito_webhook(secret: str, request: Request) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("avito"):
@@ -125,7 +126,7 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.WEBHOOK_SECONDS.labels(platform="avito").observe(time.perf_counter() - started)
         return JSONResponse(_ack(stored))
 
-    @app.post("/v1/webhooks/generic", status_code=202)
+    @app.post("/v1/webhooks/generic", status_code=202, openapi_extra=json_body(generic.GenericMessage))
     async def generic_webhook(request: Request) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("generic"):

@@ -17,8 +17,11 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from shared import metrics
+
 from .errors import ApiError
 from .intake import Intake, parse_json, store
+from .openapi import json_body
 
 ACCOUNT = "sandbox"
 PAGE = Path(__file__).with_name("static") / "sandbox.html"
@@ -44,13 +47,14 @@ async def sandbox_page(request: Request) -> HTMLResponse:
     return HTMLResponse(PAGE.read_text(encoding="utf-8"))
 
 
-@router.post("/v1/sandbox/messages", status_code=202)
+@router.post("/v1/sandbox/messages", status_code=202, openapi_extra=json_body(SandboxMessage))
 async def sandbox_message(request: Request) -> dict[str, Any]:
     _require_sandbox(request)
     data, _ = parse_json(await request.body())
     try:
         msg = SandboxMessage.model_validate(data)
     except ValidationError as exc:
+        metrics.WEBHOOKS.labels(platform="sandbox", outcome="rejected").inc()
         raise ApiError(
             422,
             "invalid_payload",
@@ -73,6 +77,7 @@ async def sandbox_message(request: Request) -> dict[str, Any]:
             payload=json.dumps({"chat_id": msg.chat_id, "text": msg.text}),
         ),
     )
+    metrics.WEBHOOKS.labels(platform="sandbox", outcome="accepted").inc()
     runtime = request.app.state.runtime
     if runtime.relay is not None:
         runtime.relay.notify()

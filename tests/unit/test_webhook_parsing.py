@@ -84,3 +84,9 @@ def test_generic_signature_failures_are_401s_whatever_the_header_garbage() -> No
         with pytest.raises(ApiError) as err:
             generic.authenticate(verifier, b"{}", headers)
         assert err.value.status == 401
+
+
+def test_an_avito_event_with_an_empty_id_is_stored_without_an_event_id() -> None:
+    # Found by the fuzzer: an empty id broke the event_id CHECK and answered 500.
+    intake = avito.normalise({"id": "", "payload": {"type": "chat_read"}}, "{}")
+    assert intake.event_id is None

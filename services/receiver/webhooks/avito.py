@@ -100,7 +100,7 @@ def _ignored_event(hook: AvitoWebhook, raw: str) -> Intake:
     return Intake(
         platform="avito",
         account_id=str(user_id) if isinstance(user_id, int) else "unknown",
-        event_id=hook.id,
+        event_id=hook.id or None,
         chat_id=None,
         message_id=None,
         author_id=None,
