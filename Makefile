@@ -14,7 +14,7 @@ export CHATQ_TEST_DATABASE_URL CHATQ_TEST_AMQP_URL CHATQ_TEST_RABBITMQ_API_URL
 
 PYTEST_ARGS ?=
 
-.PHONY: install test unit integration e2e lint run demo chaos migrate definitions services-check bench tools-bench clean
+.PHONY: install test unit integration e2e lint run demo chaos soak migrate definitions services-check bench tools-bench clean
 
 install: $(STAMP)
 
@@ -82,6 +82,11 @@ demo: install services-check
 # Restarts the local RabbitMQ and Postgres in two scenarios: run it on a machine of its own.
 chaos: install services-check
 	$(BIN)/python -m chaos --admin-database-url "$(CHATQ_TEST_DATABASE_URL)" \
+	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
+
+# Minutes of steady load with every process's memory sampled (not in CI).
+soak: install services-check
+	$(BIN)/python -m chaos.soak --admin-database-url "$(CHATQ_TEST_DATABASE_URL)" \
 	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
 
 clean:

@@ -351,7 +351,12 @@ async def verdict(
     out_of_order = 0
     for replies in jobs.values():
         replies.sort(key=lambda j: j[0])
-        out_of_order += sum(1 for prev, cur in itertools.pairwise(replies) if cur[1] <= prev[2])
+        for prev, cur in itertools.pairwise(replies):
+            if cur[1] <= prev[2]:
+                out_of_order += 1
+                print(
+                    f"  out of order: reply at {cur[0]} covers {cur[1]}..{cur[2]}, after one at {prev[0]} covering {prev[1]}..{prev[2]}"
+                )
     return Verdict(
         scenario=name,
         attempted=len(events),

@@ -9,9 +9,9 @@ at a time, and a relay that dies releases its claim with its connection. Deliver
 at-least-once: a kill between the confirm and the mark publishes the row again, with the
 same message_id, and consumers deduplicate on it.
 
-Order: one relay publishes a chat's rows in id order and never marks a row published
-past an earlier row of the same ordering key that failed, so after a broker outage the
-chat's messages resume in order. Across replicas, two relays may interleave a chat's
+Order: one relay has at most one row per ordering key (chat) in flight, published in id
+order, so a chat's messages reach the broker in order even when a connection drops
+mid-batch. Across replicas, two relays may interleave a chat's
 rows; consumers order by the platform's own order, never by arrival.
 """
 
@@ -165,9 +165,18 @@ class Relay:
     async def run_once(self) -> int:
         """Claim one batch, publish it, mark what was confirmed. Returns rows published."""
         async with self._pool.acquire() as conn, conn.transaction():
-            rows = await conn.fetch(_CLAIM_SQL, self._batch_size)
-            if not rows:
+            claimed = await conn.fetch(_CLAIM_SQL, self._batch_size)
+            if not claimed:
                 return 0
+            # One message per ordering key (chat) in flight: a later message of a chat is
+            # never on the broker before an earlier one was confirmed, even when the
+            # connection drops mid-batch. Other chats' rows go out together.
+            seen: set[str] = set()
+            rows = []
+            for r in claimed:
+                if r["ordering_key"] not in seen:
+                    seen.add(r["ordering_key"])
+                    rows.append(r)
             results = await self._publisher.publish_many(
                 [
                     OutgoingMessage(
@@ -181,15 +190,7 @@ class Relay:
                 ]
             )
             fault_point("relay.after_publish")
-            first_failure: dict[str, int] = {}
-            for row, error in zip(rows, results, strict=True):
-                if error is not None and row["ordering_key"] not in first_failure:
-                    first_failure[row["ordering_key"]] = row["id"]
-            confirmed = [
-                row
-                for row, error in zip(rows, results, strict=True)
-                if error is None and row["id"] < first_failure.get(row["ordering_key"], 1 << 62)
-            ]
+            confirmed = [row for row, error in zip(rows, results, strict=True) if error is None]
             if confirmed:
                 delays = await conn.fetch(
                     """

@@ -13,7 +13,7 @@ import contextlib
 import logging
 import random
 import uuid
-from collections.abc import Callable
+from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
 from datetime import datetime
 
@@ -105,6 +105,27 @@ ORDER BY wm.window_id, o.sent_at, length(o.message_id), o.message_id, o.received
 """
 
 
+class KeyedLocks:
+    """One FIFO lock per key, dropped when nobody holds or waits for it."""
+
+    def __init__(self) -> None:
+        self._locks: dict[str, tuple[asyncio.Lock, int]] = {}
+
+    @contextlib.asynccontextmanager
+    async def hold(self, key: str) -> AsyncIterator[None]:
+        lock, users = self._locks.get(key, (asyncio.Lock(), 0))
+        self._locks[key] = (lock, users + 1)
+        try:
+            async with lock:
+                yield
+        finally:
+            lock, users = self._locks[key]
+            if users <= 1:
+                del self._locks[key]
+            else:
+                self._locks[key] = (lock, users - 1)
+
+
 class Coalescer:
     def __init__(
         self,
@@ -120,6 +141,7 @@ class Coalescer:
         self._on_jobs_emitted = on_jobs_emitted
         self._wake = asyncio.Event()
         self._stopping = False
+        self._chat_locks = KeyedLocks()
 
     # ---- consuming -------------------------------------------------------------
 
@@ -129,7 +151,10 @@ class Coalescer:
             inbound = InboundMessage.from_bytes(message.body)
         except ValidationError as exc:
             raise Reject(f"not a chatq.inbound.v1 message: {exc.error_count()} error(s)") from None
-        filed = await self.file(inbound)
+        # Messages of one chat are filed in the order they were delivered: the consumer
+        # runs deliveries concurrently, and an asyncio.Lock wakes its waiters in FIFO order.
+        async with self._chat_locks.hold(inbound.chat_key):
+            filed = await self.file(inbound)
         fault_point("coalescer.after_commit")
         if filed is not None:
             self._wake.set()

@@ -74,7 +74,10 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     dsn = settings.database_url.get_secret_value()
     if settings.migrate_on_start:
         await migrate_dsn(dsn)
-    pool = await create_pool(dsn, size=max(settings.database_pool_size, settings.responder_concurrency + 2))
+    # Each job in flight holds one connection (its lease) and borrows another for queries.
+    pool = await create_pool(
+        dsn, size=max(settings.database_pool_size, 2 * settings.responder_concurrency + 2)
+    )
     topology = build_topology(settings.retry_delays())
     amqp = settings.amqp_url.get_secret_value()
     consume_broker = BrokerConnection(amqp, topology, name="chatq-responder")

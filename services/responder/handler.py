@@ -24,7 +24,7 @@ from shared.retry import attempt_of
 
 from .alerts import Alerter
 from .failures import Failure, Kind
-from .idempotency import Job, JobStore, Reconcile, Skip
+from .idempotency import Job, JobBusy, JobStore, Reconcile, Skip
 from .llm import ReplyWriter, cut
 from .platforms.base import Platform
 
@@ -57,9 +57,16 @@ class Responder:
         except ValidationError as exc:
             raise Reject(f"not a chatq.job.v1 message: {exc.error_count()} error(s)") from None
         attempt = attempt_of(message.headers)
-        state = await self._store.claim(wire.job_id, attempt)
+        try:
+            async with self._store.exclusive(wire.job_id):
+                await self._handle(wire.job_id, attempt)
+        except JobBusy as busy:
+            raise RetryLater(str(busy), kind="busy") from None
+
+    async def _handle(self, job_id: uuid.UUID, attempt: int) -> None:
+        state = await self._store.claim(job_id, attempt)
         if isinstance(state, Skip):
-            logger.info("job %s skipped: %s", wire.job_id, state.reason)
+            logger.info("job %s skipped: %s", job_id, state.reason)
             return
         job = state.job if isinstance(state, Reconcile) else state
         platform = self._platforms.get(job.platform)

@@ -11,7 +11,9 @@ any side effect, and every state change is one transaction.
 
 from __future__ import annotations
 
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 from dataclasses import dataclass, replace
 from datetime import datetime
 
@@ -76,9 +78,29 @@ class Settled:
     operation_ids: list[uuid.UUID]
 
 
+class JobBusy(Exception):
+    """Another handler (a redelivery racing the first) is working on this job now."""
+
+
 class JobStore:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
+
+    @contextlib.asynccontextmanager
+    async def exclusive(self, job_id: uuid.UUID) -> AsyncIterator[None]:
+        """Hold the job for the whole handling: a session advisory lock on a connection
+        of its own. A redelivered copy (the broker's, after a lost ack) that arrives
+        while the first handler still runs is refused instead of reconciling a send
+        that is still in progress; a handler that dies releases the lock with its
+        connection."""
+        async with self._pool.acquire() as conn:
+            key = uuid.UUID(bytes=job_id.bytes).int & 0x7FFF_FFFF_FFFF_FFFF
+            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", key):
+                raise JobBusy(f"job {job_id} is being handled by another consumer")
+            try:
+                yield
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", key)
 
     async def claim(self, job_id: uuid.UUID, attempt: int) -> Job | Skip | Reconcile:
         async with self._pool.acquire() as conn, conn.transaction():
@@ -107,7 +129,10 @@ class JobStore:
                 return Reconcile(job, row["d_text"], row["d_started"], row["d_status"])
             answered = await conn.fetch(
                 """
-                SELECT o.id FROM operations o
+                SELECT o.id,
+                       EXISTS (SELECT 1 FROM reply_jobs s WHERE s.status = 'sent' AND o.id = ANY(s.operation_ids))
+                           AS covered
+                FROM operations o
                 WHERE o.id = ANY($1::uuid[])
                   AND (EXISTS (SELECT 1 FROM reply_jobs s WHERE s.status = 'sent' AND o.id = ANY(s.operation_ids))
                        OR EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = $2
@@ -119,18 +144,42 @@ class JobStore:
                 job.chat_key,
             )
             if len(answered) == len(messages):
+                older = [r["id"] for r in answered if not r["covered"]]
                 await conn.execute(
                     "UPDATE reply_jobs SET status = 'superseded', updated_at = now() WHERE id = $1", job_id
                 )
                 await conn.execute(
                     """
                     UPDATE operations SET status = 'ignored', updated_at = now(),
-                           status_reason = 'already answered by an earlier reply'
+                           status_reason = CASE WHEN id = ANY($2::uuid[])
+                               THEN 'arrived after a reply to a later message of this chat'
+                               ELSE 'already answered by an earlier reply' END
                     WHERE id = ANY($1::uuid[]) AND status NOT IN ('replied', 'ignored')
                     """,
                     job.operation_ids,
+                    older,
                 )
                 return Skip("every message was already answered")
+            if answered:
+                # Some messages are older than a reply already sent in this chat (they
+                # arrived late): answering them now would reorder the chat. The job keeps
+                # the newer ones; the late ones are ignored with that reason.
+                stale = {r["id"] for r in answered}
+                await conn.execute(
+                    """
+                    UPDATE operations SET status = 'ignored', job_id = NULL, updated_at = now(),
+                           status_reason = 'arrived after a reply to a later message of this chat'
+                    WHERE id = ANY($1::uuid[]) AND status NOT IN ('replied', 'ignored')
+                    """,
+                    list(stale),
+                )
+                messages = tuple(m for m in messages if m.operation_id not in stale)
+                job = replace(job, messages=messages)
+                await conn.execute(
+                    "UPDATE reply_jobs SET operation_ids = $2::uuid[] WHERE id = $1",
+                    job_id,
+                    job.operation_ids,
+                )
             await conn.execute(
                 """
                 UPDATE operations SET status = 'replying', updated_at = now()
