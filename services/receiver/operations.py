@@ -157,6 +157,8 @@ async def retry_operation(operation_id: str, request: Request) -> dict[str, Any]
         )
         ids = [r["id"] for r in retried]
         await conn.execute("DELETE FROM window_messages WHERE operation_id = ANY($1::uuid[])", ids)
+        # A person decided these may be answered again (needs_review keeps its claim).
+        await conn.execute("DELETE FROM reply_coverage WHERE operation_id = ANY($1::uuid[])", ids)
         await enqueue_many(
             conn,
             [

@@ -160,26 +160,48 @@ class JobStore:
                     older,
                 )
                 return Skip("every message was already answered")
-            if answered:
-                # Some messages are older than a reply already sent in this chat (they
-                # arrived late): answering them now would reorder the chat. The job keeps
-                # the newer ones; the late ones are ignored with that reason.
-                stale = {r["id"] for r in answered}
+            stale = {r["id"] for r in answered}
+            # Take the messages for this job; one another job already holds is not ours
+            # to answer (the primary key decides, whatever race brought it here twice).
+            taken = {
+                r["operation_id"]
+                for r in await conn.fetch(
+                    """
+                    INSERT INTO reply_coverage (operation_id, job_id)
+                    SELECT unnest($1::uuid[]), $2
+                    ON CONFLICT (operation_id) DO UPDATE SET job_id = reply_coverage.job_id
+                    RETURNING operation_id, job_id
+                    """,
+                    [m.operation_id for m in messages if m.operation_id not in stale],
+                    job_id,
+                )
+                if r["job_id"] != job_id
+            }
+            if stale or taken:
+                # Late messages (older than a reply already sent) would reorder the chat;
+                # messages another reply holds would be answered twice. The job keeps the
+                # rest; the late ones are ignored with that reason.
                 await conn.execute(
                     """
                     UPDATE operations SET status = 'ignored', job_id = NULL, updated_at = now(),
                            status_reason = 'arrived after a reply to a later message of this chat'
                     WHERE id = ANY($1::uuid[]) AND status NOT IN ('replied', 'ignored')
                     """,
-                    list(stale),
+                    list(stale - taken),
                 )
-                messages = tuple(m for m in messages if m.operation_id not in stale)
-                job = replace(job, messages=messages)
+                keep = tuple(m for m in messages if m.operation_id not in stale | taken)
+                job = replace(job, messages=keep)
                 await conn.execute(
                     "UPDATE reply_jobs SET operation_ids = $2::uuid[] WHERE id = $1",
                     job_id,
                     job.operation_ids,
                 )
+                if not keep:
+                    await conn.execute(
+                        "UPDATE reply_jobs SET status = 'superseded', updated_at = now() WHERE id = $1",
+                        job_id,
+                    )
+                    return Skip("every message is answered or held by another reply")
             await conn.execute(
                 """
                 UPDATE operations SET status = 'replying', updated_at = now()
@@ -230,6 +252,17 @@ class JobStore:
                 )
             ]
             await conn.execute("DELETE FROM chat_windows WHERE id = $1", window)
+            ids = [
+                r["operation_id"]
+                for r in await conn.fetch(
+                    """
+                    INSERT INTO reply_coverage (operation_id, job_id) SELECT unnest($1::uuid[]), $2
+                    ON CONFLICT (operation_id) DO NOTHING RETURNING operation_id
+                    """,
+                    ids,
+                    job.job_id,
+                )
+            ]
             if not ids:
                 return job
             await conn.execute(
@@ -352,6 +385,9 @@ class JobStore:
             )
             if row is None:
                 return None
+            if status == "failed":
+                # Nothing was sent: the messages may be answered by a retry.
+                await conn.execute("DELETE FROM reply_coverage WHERE job_id = $1", job_id)
             changed = await conn.fetch(
                 """
                 UPDATE operations SET status = $2, status_reason = $3, updated_at = now()
