@@ -7,7 +7,7 @@ understand instead of guessing.
 from __future__ import annotations
 
 from datetime import datetime
-from typing import Literal
+from typing import Literal, Self
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -15,11 +15,22 @@ from pydantic import BaseModel, ConfigDict, Field
 Platform = Literal["telegram", "avito", "generic", "sandbox"]
 
 
-class InboundMessage(BaseModel):
-    """One buyer message, normalised from any platform. Published to chatq.inbound with
-    AMQP message_id = operation_id."""
+class WireModel(BaseModel):
+    """A message body on the broker: frozen, strict about unknown fields, JSON bytes."""
 
     model_config = ConfigDict(frozen=True, extra="forbid")
+
+    def to_bytes(self) -> bytes:
+        return self.model_dump_json(by_alias=True).encode()
+
+    @classmethod
+    def from_bytes(cls, body: bytes) -> Self:
+        return cls.model_validate_json(body)
+
+
+class InboundMessage(WireModel):
+    """One buyer message, normalised from any platform. Published to chatq.inbound with
+    AMQP message_id = operation_id."""
 
     schema_: Literal["chatq.inbound.v1"] = Field(default="chatq.inbound.v1", alias="schema")
     operation_id: UUID
@@ -36,13 +47,6 @@ class InboundMessage(BaseModel):
     def chat_key(self) -> str:
         """One chat across platforms and accounts; the ordering and coalescing key."""
         return chat_key(self.platform, self.account_id, self.chat_id)
-
-    def to_bytes(self) -> bytes:
-        return self.model_dump_json(by_alias=True).encode()
-
-    @classmethod
-    def from_bytes(cls, body: bytes) -> InboundMessage:
-        return cls.model_validate_json(body)
 
 
 def chat_key(platform: str, account_id: str, chat_id: str) -> str:
@@ -62,12 +66,10 @@ class JobMessage(BaseModel):
     received_at: datetime
 
 
-class ReplyJob(BaseModel):
+class ReplyJob(WireModel):
     """One reply to write for one chat window. Published to chatq.jobs with AMQP
     message_id = job_id; the job id is derived from the window, so re-emitting the same
     window yields the same job."""
-
-    model_config = ConfigDict(frozen=True, extra="forbid")
 
     schema_: Literal["chatq.job.v1"] = Field(default="chatq.job.v1", alias="schema")
     job_id: UUID
@@ -81,10 +83,3 @@ class ReplyJob(BaseModel):
     @property
     def chat_key(self) -> str:
         return chat_key(self.platform, self.account_id, self.chat_id)
-
-    def to_bytes(self) -> bytes:
-        return self.model_dump_json(by_alias=True).encode()
-
-    @classmethod
-    def from_bytes(cls, body: bytes) -> ReplyJob:
-        return cls.model_validate_json(body)

@@ -121,10 +121,6 @@ class FactsWriter:
     def __init__(self, facts_text: str) -> None:
         self._facts, self._refusals = parse_facts(facts_text)
 
-    @classmethod
-    def from_file(cls, path: str | None) -> FactsWriter:
-        return cls(Path(path).read_text(encoding="utf-8") if path else DEFAULT_FACTS)
-
     async def write(self, history: Sequence[Turn], batch: Sequence[str]) -> str:
         started = time.perf_counter()
         words = " ".join(batch).lower()

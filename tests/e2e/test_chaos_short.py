@@ -3,43 +3,16 @@ scenario must end with nothing lost, duplicated or out of order."""
 
 from __future__ import annotations
 
-import asyncio
-import subprocess
-import sys
-
 import pytest
 
-from tests.support.processes import ROOT
+from tests.support.processes import run_tool
 
 pytestmark = pytest.mark.e2e
 
 
 async def test_the_short_fault_campaign_loses_duplicates_and_reorders_nothing(infra) -> None:
-    amqp_root = infra.amqp_url.rsplit("/", 1)[0] + "/"
-    result = await asyncio.to_thread(
-        subprocess.run,
-        [
-            sys.executable,
-            "-m",
-            "chaos",
-            "--short",
-            "--messages",
-            "200",
-            "--chats",
-            "40",
-            "--seconds",
-            "20",
-            "--admin-database-url",
-            infra.admin_database_url,
-            "--amqp-url",
-            amqp_root,
-            "--rabbitmq-api-url",
-            infra.rabbitmq_api_url or "",
-        ],
-        capture_output=True,
-        text=True,
-        cwd=ROOT,
-        timeout=900,
+    result = await run_tool(
+        infra, "chaos", "--short", "--messages", "200", "--chats", "40", "--seconds", "20"
     )
     print(result.stdout[-4000:])
     assert result.returncode == 0, result.stdout[-4000:] + result.stderr[-4000:]

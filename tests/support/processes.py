@@ -6,6 +6,7 @@ import asyncio
 import os
 import signal
 import socket
+import subprocess
 import sys
 import time
 from pathlib import Path
@@ -132,3 +133,30 @@ class Worker(ServiceProcess):
         if wait_healthy:
             await self.wait_http(f"{self.url}/healthz")
         return self
+
+
+async def run_tool(
+    infra: Any, module: str, *args: str, within: float = 900
+) -> subprocess.CompletedProcess[str]:
+    """Run one of the project's scripted tools (demo, chaos) against the session's
+    Postgres server and RabbitMQ; each makes its own database and vhost."""
+    amqp_root = infra.amqp_url.rsplit("/", 1)[0] + "/"
+    return await asyncio.to_thread(
+        subprocess.run,
+        [
+            sys.executable,
+            "-m",
+            module,
+            *args,
+            "--admin-database-url",
+            infra.admin_database_url,
+            "--amqp-url",
+            amqp_root,
+            "--rabbitmq-api-url",
+            infra.rabbitmq_api_url or "",
+        ],
+        capture_output=True,
+        text=True,
+        cwd=ROOT,
+        timeout=within,
+    )

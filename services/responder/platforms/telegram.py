@@ -7,9 +7,9 @@ from datetime import datetime
 
 import httpx
 
-from ..failures import Failure, Kind
+from ..failures import Failure, Kind, classify_status
 from ..ratelimit import AccountRateLimiter
-from .base import Sent, call, raise_for
+from .base import Sent, call, retry_after_of
 
 
 class TelegramPlatform:
@@ -39,11 +39,15 @@ class TelegramPlatform:
             body = response.json()
         except ValueError:
             body = {}
+        if not isinstance(body, dict):
+            body = {}
         if not response.is_success or not body.get("ok"):
-            raise_for(
-                response if not response.is_success else _as_error(response),
-                str(body.get("description", ""))[:200],
+            # Telegram may also answer 200 with {"ok": false, "error_code": N}.
+            status = response.status_code if not response.is_success else _error_code(body)
+            failure = classify_status(
+                status, str(body.get("description", ""))[:200], retry_after_of(response)
             )
+            raise failure or Failure(Kind.UNKNOWN, "Telegram answered without ok")
         try:
             return Sent(str(body["result"]["message_id"]))
         except (KeyError, TypeError):
@@ -60,10 +64,6 @@ def _chat(chat_id: str) -> int | str:
     return int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
 
 
-def _as_error(response: httpx.Response) -> httpx.Response:
-    # {"ok": false, "error_code": N} with a 200 status: read the error code instead.
-    try:
-        code = int(response.json().get("error_code", 500))
-    except (ValueError, TypeError, AttributeError):
-        code = 500
-    return httpx.Response(code, headers=response.headers, content=response.content)
+def _error_code(body: dict[str, object]) -> int:
+    code = body.get("error_code")
+    return code if isinstance(code, int) else 500
