@@ -14,7 +14,7 @@ export CHATQ_TEST_DATABASE_URL CHATQ_TEST_AMQP_URL CHATQ_TEST_RABBITMQ_API_URL
 
 PYTEST_ARGS ?=
 
-.PHONY: install test unit integration e2e lint run demo chaos soak migrate definitions services-check bench tools-bench clean
+.PHONY: install test unit integration e2e lint run demo chaos soak migrate definitions services-check bench tools-bench tools-test clean
 
 install: $(STAMP)
 
@@ -29,12 +29,19 @@ services-check: install
 	$(BIN)/python -m shared.preflight --database-url "$(CHATQ_TEST_DATABASE_URL)" \
 	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
 
+# Tools the tests drive: promtool (Debian's prometheus package) for the alert rules and
+# their unit tests, Chromium for the operations page, kubectl's kustomize for deploy/k8s.
+tools-test:
+	@command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+	@command -v kubectl >/dev/null || command -v kustomize >/dev/null || { echo "need kubectl or kustomize on PATH to render deploy/k8s"; exit 1; }
+
 # Every test: unit, integration and e2e. Exit 5 (no tests collected) is a failure.
-test: install services-check
+test: install tools-test services-check
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
-unit: install
+unit: install tools-test
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
 integration: install services-check

@@ -13,6 +13,7 @@ import asyncio
 import hashlib
 import logging
 import re
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -110,14 +111,67 @@ async def migrate_dsn(dsn: str) -> list[int]:
         await conn.close()
 
 
+async def pending(conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR) -> list[int]:
+    """Versions this code knows that the database has not applied (all, before the first run)."""
+    migrations = load_migrations(directory)
+    exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
+    applied = (
+        {
+            r["version"]: r["checksum"]
+            for r in await conn.fetch("SELECT version, checksum FROM schema_migrations")
+        }
+        if exists
+        else {}
+    )
+    for m in migrations:
+        if m.version in applied and applied[m.version] != m.checksum:
+            raise MigrationError(f"migration {m.version:04d}_{m.name} differs from the one applied")
+    return [m.version for m in migrations if m.version not in applied]
+
+
+async def wait_until_current(dsn: str, *, within: float, interval: float = 2.0) -> list[int]:
+    """Wait, applying nothing, until the schema has every migration this code knows.
+    Returns [] when current, or the versions still pending when ``within`` ran out.
+    Kubernetes runs this as an init container while the migration Job does the work."""
+    deadline = asyncio.get_running_loop().time() + within
+    while True:
+        try:
+            conn = await asyncpg.connect(dsn, timeout=5)
+            try:
+                missing = await pending(conn)
+            finally:
+                await conn.close()
+        except (OSError, asyncpg.PostgresError) as exc:
+            logger.info("waiting for the database: %s", type(exc).__name__)
+            missing = [-1]
+        if not missing or asyncio.get_running_loop().time() >= deadline:
+            return missing
+        await asyncio.sleep(interval)
+
+
 def main() -> None:
     from shared.logging import configure_logging
     from shared.settings import Settings
 
-    argparse.ArgumentParser(description="Apply chatqueue's database migrations.").parse_args()
+    parser = argparse.ArgumentParser(description="Apply chatqueue's database migrations.")
+    parser.add_argument(
+        "--wait",
+        type=float,
+        metavar="SECONDS",
+        help="apply nothing; wait up to SECONDS until every migration is applied (exit 1 if not)",
+    )
+    args = parser.parse_args()
     settings = Settings()
     configure_logging(settings.log_level)
-    applied = asyncio.run(migrate_dsn(settings.database_url.get_secret_value()))
+    dsn = settings.database_url.get_secret_value()
+    if args.wait is not None:
+        missing = asyncio.run(wait_until_current(dsn, within=args.wait))
+        if missing:
+            print(f"schema not current after {args.wait:g} s; pending: {missing}", file=sys.stderr)
+            sys.exit(1)
+        print("schema is current")
+        return
+    applied = asyncio.run(migrate_dsn(dsn))
     print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else ""))
 
 

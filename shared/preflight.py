@@ -60,7 +60,7 @@ def _redact(url: str) -> str:
     return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
-COMPOSE_FILE = "deploy/compose.yaml"
+COMPOSE_FILE = "deploy/compose.dev.yaml"
 
 
 def _docker_engine() -> bool:
@@ -73,7 +73,7 @@ def _docker_engine() -> bool:
 
 
 def _start_with_compose() -> bool:
-    """Start Postgres and RabbitMQ from deploy/compose.yaml where a Docker engine runs."""
+    """Start Postgres and RabbitMQ from deploy/compose.dev.yaml where a Docker engine runs."""
     import os
     import subprocess
 

@@ -4,6 +4,13 @@ exported as deploy/rabbitmq/definitions.json. Queue names and arguments live her
 Every queue is a quorum queue: replicated, with a delivery limit for poison messages and
 at-least-once dead-lettering (``x-dead-letter-strategy``), so a message that is
 dead-lettered or that expires from a retry tier is never dropped on the way.
+
+Dead-lettering and the retry tiers' TTLs are queue arguments, not policies, on purpose:
+retries and failures must route correctly on a broker nobody has configured, and
+RabbitMQ lets a queue's own x-dead-letter-exchange win over a policy's (and takes the
+lower of two TTLs), so a policy there would be inert. What an operator may want to tune
+on a running cluster without redeclaring queues is a policy in definitions.json
+(``POLICIES``): leader placement of the quorum queues and how long dead letters are kept.
 """
 
 from __future__ import annotations
@@ -66,6 +73,34 @@ class Binding:
     exchange: str
     queue: str
     routing_key: str
+
+
+@dataclass(frozen=True)
+class Policy:
+    """A RabbitMQ policy: definitions.json carries it; processes never set policies."""
+
+    name: str
+    pattern: str
+    definition: tuple[tuple[str, Any], ...]
+    priority: int = 0
+    apply_to: Literal["queues", "exchanges", "all"] = "queues"
+
+
+DEAD_LETTER_RETENTION_MS = 14 * 24 * 3600 * 1000
+
+POLICIES: tuple[Policy, ...] = (
+    # Spread quorum queue leaders over the cluster's nodes instead of the declaring one.
+    Policy("chatq-queues", r"^chatq\.", (("queue-leader-locator", "balanced"),)),
+    # Dead letters are also recorded in Postgres (failed, with the reason, retryable from
+    # the admin API); the broker's copy is kept 14 days. A queue gets only its
+    # highest-priority policy, so this one repeats the leader placement.
+    Policy(
+        "chatq-dead-letters",
+        r"^chatq\.(coalescer|responder)\.dead$",
+        (("message-ttl", DEAD_LETTER_RETENTION_MS), ("queue-leader-locator", "balanced")),
+        priority=10,
+    ),
+)
 
 
 @dataclass(frozen=True)
@@ -172,6 +207,17 @@ def definitions(topology: Topology, vhost: str = "/") -> dict[str, Any]:
                 "arguments": q.args,
             }
             for q in topology.queues
+        ],
+        "policies": [
+            {
+                "name": p.name,
+                "vhost": vhost,
+                "pattern": p.pattern,
+                "apply-to": p.apply_to,
+                "priority": p.priority,
+                "definition": dict(p.definition),
+            }
+            for p in POLICIES
         ],
         "bindings": [
             {

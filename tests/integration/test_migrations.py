@@ -8,7 +8,7 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from shared.migrate import MigrationError, load_migrations, migrate
+from shared.migrate import MigrationError, load_migrations, migrate, migrate_dsn, wait_until_current
 
 pytestmark = pytest.mark.integration
 
@@ -93,3 +93,16 @@ def test_the_project_migrations_load_in_order() -> None:
     versions = [m.version for m in load_migrations()]
     assert versions == sorted(versions)
     assert versions[0] == 1
+
+
+async def test_waiting_for_the_schema_ends_once_the_migration_job_has_applied_it(scratch_db) -> None:
+    waiter = asyncio.create_task(wait_until_current(scratch_db, within=30, interval=0.2))
+    await asyncio.sleep(0.5)
+    assert not waiter.done(), "the schema is empty: the init container must keep waiting"
+    await migrate_dsn(scratch_db)
+    assert await asyncio.wait_for(waiter, 10) == []
+
+
+async def test_waiting_for_the_schema_gives_up_with_what_is_pending(scratch_db) -> None:
+    missing = await wait_until_current(scratch_db, within=0.3, interval=0.1)
+    assert missing == [m.version for m in load_migrations()]

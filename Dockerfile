@@ -1,0 +1,42 @@
+# syntax=docker/dockerfile:1
+# One image for every service: `python -m services.receiver` (the default command),
+# `services.coalescer`, `services.responder`, and `shared.migrate` for the one-shot
+# migration. Build: docker build -t chatqueue:0.1.0 .
+#
+# The base is pinned by version; pin it by digest too in your registry mirror
+# (python:3.11.10-slim-bookworm@sha256:...) once you have pulled it.
+ARG PYTHON_IMAGE=python:3.11.10-slim-bookworm
+
+FROM ${PYTHON_IMAGE} AS build
+ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
+WORKDIR /src
+RUN python -m venv /opt/chatq
+# Dependencies first, pinned by constraints.txt, so code changes reuse this layer.
+COPY pyproject.toml constraints.txt README.md ./
+RUN mkdir -p shared services && touch shared/__init__.py services/__init__.py \
+ && /opt/chatq/bin/pip install -c constraints.txt . \
+ && /opt/chatq/bin/pip uninstall -y chatqueue
+COPY shared ./shared
+COPY services ./services
+RUN /opt/chatq/bin/pip install --no-deps -c constraints.txt . \
+ && /opt/chatq/bin/python -m compileall -q /opt/chatq/lib
+
+FROM ${PYTHON_IMAGE}
+LABEL org.opencontainers.image.title="chatqueue" \
+      org.opencontainers.image.description="Durable, coalescing, exactly-one-reply pipeline between chat platforms and a bot"
+RUN groupadd --system --gid 10001 chatq \
+ && useradd --system --uid 10001 --gid chatq --no-create-home --home-dir /nonexistent chatq
+COPY --from=build /opt/chatq /opt/chatq
+ENV PATH=/opt/chatq/bin:$PATH \
+    PYTHONUNBUFFERED=1 \
+    PYTHONDONTWRITEBYTECODE=1 \
+    CHATQ_HTTP_HOST=0.0.0.0
+WORKDIR /app
+USER 10001:10001
+# 8080: receiver API and webhooks; 9100: /healthz /readyz /metrics of the workers.
+EXPOSE 8080 9100
+# The services drain on SIGTERM (stop consuming, finish and ack in-flight work, close)
+# within CHATQ_SHUTDOWN_GRACE_SECONDS; give the container at least that plus a margin.
+STOPSIGNAL SIGTERM
+ENTRYPOINT ["python", "-m"]
+CMD ["services.receiver"]
