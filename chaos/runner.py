@@ -62,15 +62,35 @@ class Infra:
 
 @dataclass
 class Cluster:
+    """The three services as real processes, ``replicas`` of each ("responder",
+    "responder-2", ...), all on one database and one vhost."""
+
     settings: Settings
-    receiver_port: int
+    receiver_ports: list[int]
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
     restarts: Counter[str] = field(default_factory=Counter)
 
+    @property
+    def replicas(self) -> int:
+        return len(self.receiver_ports)
+
+    @property
+    def receiver_port(self) -> int:
+        return self.receiver_ports[0]
+
+    @property
+    def receiver_urls(self) -> list[str]:
+        return [f"http://127.0.0.1:{port}" for port in self.receiver_ports]
+
+    def names(self, service: str) -> list[str]:
+        return [service if i == 0 else f"{service}-{i + 1}" for i in range(self.replicas)]
+
     def _make(self, name: str, **extra: str) -> ServiceProcess:
-        if name == "receiver":
-            return Receiver(self.settings, port=self.receiver_port, **extra)
-        return Worker(name, self.settings, **extra)
+        service, _, index = name.partition("-")
+        if service == "receiver":
+            port = self.receiver_ports[int(index or 1) - 1]
+            return Receiver(self.settings, port=port, **extra)
+        return Worker(service, self.settings, **extra)
 
     async def start(self, name: str, *, fault_point: str | None = None) -> None:
         extra = {"CHATQ_FAULT_POINT": fault_point} if fault_point else {}
@@ -79,9 +99,11 @@ class Cluster:
         self.procs[name] = proc
 
     async def start_all(self) -> None:
-        for name in ("receiver", "coalescer", "responder"):
-            await self.start(name)
-        await self.procs["receiver"].wait_http(f"http://127.0.0.1:{self.receiver_port}/healthz")
+        for service in ("receiver", "coalescer", "responder"):
+            for name in self.names(service):
+                await self.start(name)
+        for name, url in zip(self.names("receiver"), self.receiver_urls, strict=True):
+            await self.procs[name].wait_http(f"{url}/healthz")
 
     async def kill(self, name: str) -> None:
         proc = self.procs[name]
@@ -111,6 +133,7 @@ class Scenario:
     name: str
     faults: Callable[[Cluster, TcpProxy, FakeWorld, asyncio.Event], Awaitable[None]]
     llm: bool = False
+    replicas: int = 1
 
 
 # ---- faults --------------------------------------------------------------------------
@@ -126,7 +149,7 @@ async def random_kills(cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, do
         await _sleep_or_done(done, rng.uniform(1.0, 2.5))
         if done.is_set():
             break
-        await cluster.restart(rng.choice(("receiver", "coalescer", "responder")))
+        await cluster.restart(rng.choice(sorted(cluster.procs)))
 
 
 async def fault_points(cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event) -> None:
@@ -195,10 +218,17 @@ SHORT = [
     Scenario("RabbitMQ connections cut", broker_cuts),
     Scenario("platform 5xx/429/slow/lost, model errors", platform_faults, llm=True),
 ]
+# Horizontal scale: two receivers (deliveries and their duplicates land on either), two
+# coalescers, two responders, on one database and one vhost.
+REPLICAS = [
+    Scenario("two replicas of each service", no_faults, replicas=2),
+    Scenario("two replicas of each, kill -9 at random moments", random_kills, replicas=2),
+]
 FULL = [
     *SHORT,
     Scenario("RabbitMQ stopped and started", broker_restart),
     Scenario("Postgres restarted", postgres_restart),
+    *REPLICAS,
 ]
 
 
@@ -264,17 +294,26 @@ async def deliver(client: httpx.AsyncClient, event: Event, deadline: float) -> N
         await asyncio.sleep(0.3)
 
 
-async def drive(url: str, bursts: list[list[Event]], rng: random.Random, *, duplicates: float = 0.1) -> None:
+async def drive(
+    urls: list[str], bursts: list[list[Event]], rng: random.Random, *, duplicates: float = 0.1
+) -> None:
+    """Deliver every event; each delivery (a duplicate too) goes to a receiver at random."""
     started = time.monotonic()
     deadline = started + max(e.at for b in bursts for e in b) + 90
-    async with httpx.AsyncClient(base_url=url, timeout=5, limits=httpx.Limits(max_connections=64)) as client:
+    async with contextlib.AsyncExitStack() as stack:
+        clients = [
+            await stack.enter_async_context(
+                httpx.AsyncClient(base_url=url, timeout=5, limits=httpx.Limits(max_connections=64))
+            )
+            for url in urls
+        ]
 
         async def chat(burst: list[Event]) -> None:
             for event in burst:
                 await asyncio.sleep(max(0.0, started + event.at - time.monotonic()))
-                await deliver(client, event, deadline)
+                await deliver(rng.choice(clients), event, deadline)
                 if rng.random() < duplicates:
-                    await deliver(client, event, deadline)  # a duplicate delivery
+                    await deliver(rng.choice(clients), event, deadline)  # a duplicate delivery
 
         await asyncio.gather(*(chat(b) for b in bursts))
 
@@ -442,14 +481,14 @@ async def run_scenario(
                 database_pool_size=6,
                 log_level="WARNING",
             )
-            cluster = Cluster(settings, free_port())
+            cluster = Cluster(settings, [free_port() for _ in range(scenario.replicas)])
             await cluster.start_all()
             pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
             try:
                 bursts = make_events(messages, chats, duration, rng)
                 done = asyncio.Event()
                 faults = asyncio.create_task(scenario.faults(cluster, proxy, world, done))
-                await drive(f"http://127.0.0.1:{cluster.receiver_port}", bursts, rng)
+                await drive(cluster.receiver_urls, bursts, rng)
                 done.set()
                 await faults
                 proxy.unblock()

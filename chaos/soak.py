@@ -70,7 +70,7 @@ async def main(args: argparse.Namespace) -> int:
                 log_level="WARNING",
                 platform_rate_per_second=1000,  # the fake has no limit; pacing is not under test
             )
-            cluster = Cluster(settings, free_port())
+            cluster = Cluster(settings, [free_port()])
             await cluster.start_all()
             pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
             memory: dict[str, list[tuple[float, float]]] = {n: [] for n in cluster.procs}

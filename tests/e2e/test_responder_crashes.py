@@ -98,3 +98,34 @@ async def test_a_kill_around_the_send_never_yields_a_second_reply_and_never_lose
     else:
         assert doc["reply"]["text"] == world.replies_to(chat)[0]
     assert await pool.fetchval("SELECT count(*) FROM reply_jobs") == 1
+
+
+async def test_sigterm_in_the_middle_of_a_reply_finishes_it_acks_it_and_exits_cleanly(
+    settings, world: FakeWorld, pool: asyncpg.Pool, queues
+) -> None:
+    """What Kubernetes and compose do on every rollout: SIGTERM while a job is in flight.
+    The responder stops taking new jobs, finishes the one it holds (the model answers
+    slowly), sends, records and acks it, then exits 0 within the grace period."""
+    s = pipeline_settings(settings, world, llm_base_url=f"{world.url}/v1", llm_timeout_seconds=10)
+    world.fail("llm", "slow:2")
+    receiver = await Receiver(s).start()
+    coalescer = await Worker("coalescer", s).start()
+    responder = await Worker("responder", s).start()
+    try:
+        operation_id = await post(receiver, "telegram", 77)
+        await wait_for(lambda: world.llm_in_flight == 1 or None, within=30, what="the model call in flight")
+        assert await responder.stop(signal.SIGTERM, within=s.shutdown_grace_seconds + 5) == 0, responder.log()
+        async with httpx.AsyncClient(timeout=10) as client:
+            r = await client.get(
+                f"{receiver.url}/v1/operations/{operation_id}",
+                headers={"Authorization": f"Bearer {ADMIN_TOKEN}"},
+            )
+        doc = r.json()
+    finally:
+        await coalescer.stop()
+        await receiver.stop()
+    assert doc["status"] == "replied", doc
+    assert world.replies_to(doc["chat"]["chat_id"]) == [doc["reply"]["text"]]
+    assert len(world.llm) == 1
+    assert await pool.fetchval("SELECT status FROM reply_jobs") == "sent"
+    assert await queues.depth("chatq.responder") == 0, "the finished job was acked, not left for redelivery"
