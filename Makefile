@@ -75,9 +75,10 @@ tools-bench:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
 	@command -v pgbench >/dev/null || { echo "pgbench not found (postgresql-client)"; exit 1; }
 
+# Every benchmark in one run, then one table (figure, reference in the same run, ratio,
+# goal); JSON in bench/results/. About 8 minutes.
 bench: install services-check tools-bench
-	$(BIN)/python -m bench.intake
-	$(BIN)/python -m bench.coalescer
+	$(BIN)/python -m bench
 
 # The whole pipeline in under a minute against fake platforms: a burst answered once, a
 # duplicate ignored, a failure retried, a permanent failure shown, and a summary.

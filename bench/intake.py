@@ -80,8 +80,10 @@ def parse_wrk(out: str) -> dict[str, float]:
     lat = {p: ms(v, u) for p, v, u in re.findall(r"\s(50|75|90|99)%\s+([\d.]+)(us|ms|s)", out)}
     non2xx = re.search(r"Non-2xx or 3xx responses: (\d+)", out)
     errors = re.search(r"Socket errors: (.*)", out)
+    total = re.search(r"(\d+) requests in", out)
     return {
         "rps": rps,
+        "requests": int(total[1]) if total else 0,
         "p50_ms": lat.get("50", float("nan")),
         "p99_ms": lat.get("99", float("nan")),
         "non_2xx": int(non2xx[1]) if non2xx else 0,
@@ -121,15 +123,19 @@ def pgbench(db_url: str, name: str, script: str, connections: int, seconds: int)
             "2",
             "-T",
             str(seconds),
+            # A rare deadlock between two inserts of the same random id must not abort the run.
+            "--max-tries",
+            "5",
             "-f",
             script,
             name,
         ],
         capture_output=True,
         text=True,
-        check=True,
-    ).stdout
-    return parse_pgbench(out)
+    )
+    if out.returncode:
+        raise RuntimeError(f"pgbench failed: {out.stderr[-1500:]}")
+    return parse_pgbench(out.stdout)
 
 
 def wrk(url: str, lua: str, connections: int, seconds: int, threads: int = 2) -> dict[str, float]:

@@ -1,0 +1,151 @@
+"""``make bench``: every benchmark in one run on this machine, then one table of each
+figure next to its reference measured in the same run, the ratio, and the goal.
+
+Runs, in order, each as its own process writing bench/results/<name>.json: bench.intake
+(receiver vs pgbench), bench.relay (relay vs raw aio-pika publisher), bench.responder
+(responder vs bare consumer), bench.coalescer (100,000 open windows), bench.pipeline
+(end to end: chatqueue, Celery, Postgres polling table). The table and every figure go
+to bench/results/bench.json. Machines are shared and noisy: read the ratios.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+RESULTS = Path(__file__).resolve().parent / "results"
+STEPS = {
+    "intake": ["bench.intake"],
+    "relay": ["bench.relay"],
+    "responder": ["bench.responder"],
+    "coalescer": ["bench.coalescer", "--open", "100000", "--due", "10000"],
+    "pipeline": ["bench.pipeline"],
+}
+
+
+def load(name: str) -> dict[str, Any] | None:
+    path = RESULTS / name
+    return json.loads(path.read_text()) if path.exists() else None
+
+
+def rows() -> list[dict[str, Any]]:
+    out: list[dict[str, Any]] = []
+
+    def row(stage: str, figure: str, value: float | None, reference: str, ref_value: float | None,
+            goal: str, ok: bool | None, unit: str = "", ratio: float | None = None) -> None:  # fmt: skip
+        if ratio is None and value is not None and ref_value:
+            ratio = value / ref_value
+        out.append({"stage": stage, "figure": figure, "value": value, "unit": unit, "reference": reference,
+                    "reference_value": ref_value, "ratio": ratio, "goal": goal, "met": ok})  # fmt: skip
+
+    intake = load("intake.json")
+    if intake:
+        r = intake["ratio_median"]
+        row("intake", f"receiver req/s at {intake['connections']} conns", intake["receiver_rps_median"],
+            "pgbench tps, same statement", intake["pgbench_tps_median"], "ratio >= 0.5", r >= 0.5, "req/s",
+            ratio=r)  # median of the rounds' ratios  # fmt: skip
+        half = intake["light_rps_median"] / intake["receiver_rps_median"]
+        row("intake", f"p99 at {intake['light_connections']} conns ({half:.2f}x max rate)", intake["light_p99_ms_median"],
+            "", None, "p99 <= 20 ms at ~0.5x max", intake["light_p99_ms_median"] <= 20, "ms")  # fmt: skip
+    relay = load("relay.json")
+    if relay:
+        row("relay", f"rows/s from a pre-filled outbox ({relay['rows']})", relay["relay_rows_per_s_median"],
+            f"raw aio-pika publisher, {relay['window']} confirms in flight", relay["raw_msgs_per_s_median"],
+            "ratio >= 0.7", relay["ratio_median"] >= 0.7, "rows/s", ratio=relay["ratio_median"])  # fmt: skip
+        s = relay["steady"]
+        row("relay", f"outbox-to-broker lag p99 at {s['achieved_rate']:.0f} rows/s", s["lag_p99_ms"], "", None,
+            "p99 <= 100 ms at 1,000 rows/s", s["lag_p99_ms"] <= 100, "ms")  # fmt: skip
+    responder = load("responder.json")
+    if responder:
+        row("responder", f"jobs/s ({responder['jobs']} jobs, instant fakes)", responder["responder_jobs_per_s"],
+            "bare aio-pika consumer, 1 INSERT + ack each", responder["bare_jobs_per_s"], "ratio >= 0.6",
+            responder["ratio"] >= 0.6, "jobs/s")  # fmt: skip
+    coalescer = load("coalescer-100000.json")
+    if coalescer:
+        row("coalescer", "emission lag p99, 100,000 open windows", coalescer["lag_p99_ms"], "", None,
+            "p99 <= 1 s", coalescer["lag_p99_ms"] <= 1000, "ms")  # fmt: skip
+    pipe = load("pipeline.json")
+    if pipe and "chatqueue" in pipe:
+        cq = pipe["chatqueue"]
+        limit = intake["receiver_rps_median"] if intake else None
+        row("end to end", "sustained msg/s, webhook -> reply", cq["throughput"], "intake limit (receiver req/s)",
+            limit, "ratio >= 0.35", limit is not None and cq["throughput"] / limit >= 0.35, "msg/s")  # fmt: skip
+        p99 = cq.get("paced_receipt_to_reply_p99_s")
+        row("end to end", f"receipt-to-reply p99 at {cq['paced_intake_rps']:.0f} msg/s (p50 {cq['paced_receipt_to_reply_p50_s'] or 0:.3f} s)",
+            p99, "", None, "p99 <= 1 s", p99 is not None and p99 <= 1.0, "s")  # fmt: skip
+        for peer, label in (("celery", "Celery, acks_late, confirms"), ("polling", "Postgres polling table")):
+            if peer in pipe:
+                ref = pipe[peer]["throughput"]
+                row("peers", f"chatqueue end-to-end msg/s vs {peer}", cq["throughput"], label, ref,
+                    "ratio >= 1.5", cq["throughput"] / ref >= 1.5, "msg/s")  # fmt: skip
+        for name, mb in cq["peak_rss_mb"].items():
+            row(
+                "memory", f"{name} peak RSS under end-to-end load", mb, "", None, "<= 150 MB", mb <= 150, "MB"
+            )
+    return out
+
+
+def table(items: list[dict[str, Any]]) -> str:
+    def fmt(v: float | None) -> str:
+        if v is None:
+            return "-"
+        return f"{v:,.0f}" if abs(v) >= 100 else f"{v:.3g}"
+
+    head = ("stage", "figure", "value", "reference (same run)", "ref", "ratio", "goal", "met")
+    lines = [
+        (
+            i["stage"],
+            i["figure"],
+            f"{fmt(i['value'])} {i['unit']}".strip(),
+            i["reference"] or "-",
+            fmt(i["reference_value"]),
+            f"{i['ratio']:.2f}" if i["ratio"] is not None else "-",
+            i["goal"],
+            {True: "yes", False: "NO", None: "-"}[i["met"]],
+        )
+        for i in items
+    ]
+    widths = [max(len(str(x)) for x in col) for col in zip(head, *lines, strict=True)]
+    render = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)) for r in [head, *lines]]
+    render.insert(1, "  ".join("-" * w for w in widths))
+    return "\n".join(render)
+
+
+def main() -> int:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument(
+        "--only",
+        nargs="+",
+        choices=list(STEPS),
+        help="run only these (the table uses the last results of the rest)",
+    )
+    p.add_argument("--table-only", action="store_true", help="print the table from the last results")
+    args = p.parse_args()
+    failed = []
+    if not args.table_only:
+        for name, cmd in STEPS.items():
+            if args.only and name not in args.only:
+                continue
+            print(f"== {name}", flush=True)
+            started = time.monotonic()
+            rc = subprocess.run([sys.executable, "-m", *cmd]).returncode
+            print(f"   ({time.monotonic() - started:.0f} s, exit {rc})", flush=True)
+            if rc:
+                failed.append(name)
+    items = rows()
+    print()
+    print(table(items))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "bench.json").write_text(json.dumps({"rows": items, "failed_steps": failed}, indent=2))
+    if failed:
+        print(f"steps that failed: {', '.join(failed)}")
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,303 @@
+"""End-to-end benchmark: webhook -> reply at the fake platform, for chatqueue and for what
+a seller would build instead (bench/peers.py: Celery with acks_late, a Postgres polling
+table), on the same machine in the same run, each on a fresh database and vhost.
+
+For each system: wrk posts Telegram updates (one chat per message, so every system sends
+exactly one reply per message) for ``--seconds`` at ``--connections``; then we wait until
+every accepted message has its reply. Sustained throughput = replies / (time of the last
+reply - start of the load). chatqueue also runs a paced load at half its sustained rate
+to read receipt-to-reply p50/p99 from Postgres, and reports each process's peak RSS.
+Instant fakes: no debounce or human-like delay, the facts responder (no model call), a
+platform that answers at once; every system makes one platform call per message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import contextlib
+import json
+import os
+import sys
+import tempfile
+import time
+from collections.abc import AsyncIterator
+from pathlib import Path
+from typing import Any
+
+import asyncpg
+import httpx
+
+from bench.intake import RESULTS, ROOT, SECRET, wrk
+from bench.peers import POLLING_SCHEMA
+from bench.support import drop_database, fresh_database, private_vhost
+from shared.settings import Settings
+from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.support.processes import Receiver, Worker, free_port
+
+WRK_SCRIPT = r"""
+local counter = 0
+local threads = 0
+local run_base = (os.time() % 1000000) * 1000000000
+setup = function(thread)
+  thread:set("tid", threads)
+  thread:set("base", run_base)
+  threads = threads + 1
+end
+request = function()
+  counter = counter + 1
+  local id = base + tid * 100000000 + counter
+  local body = string.format('{"update_id":%d,"message":{"message_id":%d,"from":{"id":%d,"is_bot":false,"first_name":"Buyer"},"chat":{"id":%d,"type":"private"},"date":1764400000,"text":"Is it still available?"}}', id, id, id, id)
+  return wrk.format("POST", "/v1/webhooks/telegram", {["Content-Type"]="application/json", ["X-Telegram-Bot-Api-Secret-Token"]="SECRET"}, body)
+end
+DELAY
+""".replace("SECRET", SECRET)
+
+
+def lua_file(delay_ms: float | None = None) -> str:
+    extra = f"delay = function() return {delay_ms:.1f} end" if delay_ms else ""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(WRK_SCRIPT.replace("DELAY", extra))
+        return f.name
+
+
+def peak_rss_mb(pid: int) -> float:
+    """VmHWM: the most resident memory the process ever had (NaN if it has exited)."""
+    path = Path(f"/proc/{pid}/status")
+    if not path.exists():
+        return float("nan")
+    for line in path.read_text().splitlines():
+        if line.startswith("VmHWM:"):
+            return int(line.split()[1]) / 1024
+    return float("nan")
+
+
+async def replies_done(world: FakeWorld, target: int, *, started: float, within: float) -> float | None:
+    """Time (since ``started``) at which the platform had ``target`` replies, or None."""
+    deadline = time.monotonic() + within
+    last, last_change = -1, time.monotonic()
+    while time.monotonic() < deadline:
+        n = len(world.telegram)
+        if n >= target:
+            return time.monotonic() - started
+        if n != last:
+            last, last_change = n, time.monotonic()
+        elif time.monotonic() - last_change > 30:
+            return None  # stuck
+        await asyncio.sleep(0.05)
+    return None
+
+
+async def load(
+    url: str, world: FakeWorld, args: argparse.Namespace, lua: str, connections: int | None = None
+) -> dict[str, Any]:
+    before = len(world.telegram)
+    started = time.monotonic()
+    result = await asyncio.to_thread(wrk, url, lua, connections or args.connections, args.seconds)
+    during = len(world.telegram) - before
+    accepted = result["requests"] - result["non_2xx"]
+    done = await replies_done(world, before + accepted, started=started, within=args.drain_seconds)
+    replies = len(world.telegram) - before
+    return {
+        "accepted": accepted,
+        "intake_rps": result["rps"],
+        "intake_p99_ms": result["p99_ms"],
+        "non_2xx": result["non_2xx"],
+        "replies": replies,
+        "replies_during_load": during,
+        "seconds_to_last_reply": done,
+        "throughput": replies / done if done else replies / (time.monotonic() - started),
+        "complete": done is not None,
+    }
+
+
+@contextlib.asynccontextmanager
+async def fresh(args: argparse.Namespace) -> AsyncIterator[tuple[str, str]]:
+    name, db_url = await fresh_database(args.admin_database_url)
+    try:
+        async with private_vhost(args.amqp_url, args.rabbitmq_api_url) as amqp_url:
+            yield db_url, amqp_url
+    finally:
+        await drop_database(args.admin_database_url, name)
+
+
+# ---- chatqueue ---------------------------------------------------------------------------
+
+
+async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any]:
+    async with fresh(args) as (db_url, amqp_url):
+        settings = Settings(
+            database_url=db_url,
+            amqp_url=amqp_url,
+            telegram_webhook_secret=SECRET,
+            telegram_bot_token="4242:bench",
+            telegram_api_base=world.url,
+            quiet_seconds=0,
+            reply_delay_min_seconds=0,
+            reply_delay_max_seconds=0,
+            max_wait_seconds=0,
+            coalescer_poll_seconds=0.05,
+            relay_poll_seconds=0.2,
+            platform_rate_per_second=100000,
+            sandbox_enabled=False,
+            log_level="WARNING",
+        )
+        procs = {
+            "receiver": Receiver(settings),
+            "coalescer": Worker("coalescer", settings),
+            "responder": Worker("responder", settings),
+        }
+        for p in procs.values():
+            await p.start()
+        try:
+            saturated = await load(procs["receiver"].url, world, args, lua_file())
+            # Latency at half the sustained rate (paced: each connection waits between requests).
+            rate = max(saturated["throughput"] / 2, 1)
+            paced_conns = 4
+            conn = await asyncpg.connect(db_url)
+            since = await conn.fetchval("SELECT now()")
+            paced = await load(
+                procs["receiver"].url,
+                world,
+                args,
+                lua_file(paced_conns * 1000 / rate),
+                connections=paced_conns,
+            )
+            row = await conn.fetchrow(
+                """
+                SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM j.sent_at - o.received_at)) AS p50,
+                       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM j.sent_at - o.received_at)) AS p99,
+                       count(*) AS n
+                FROM operations o JOIN reply_jobs j ON j.id = o.job_id
+                WHERE o.received_at >= $1 AND j.status = 'sent'
+                """,
+                since,
+            )
+            unanswered = await conn.fetchval(
+                "SELECT count(*) FROM operations WHERE status NOT IN ('replied', 'ignored')"
+            )
+            await conn.close()
+            rss = {name: peak_rss_mb(p.proc.pid) for name, p in procs.items() if p.proc}
+        finally:
+            for p in procs.values():
+                await p.stop()
+        return {
+            **saturated,
+            "paced_target_rps": rate,
+            "paced_intake_rps": paced["intake_rps"],
+            "paced_receipt_to_reply_p50_s": row["p50"],
+            "paced_receipt_to_reply_p99_s": row["p99"],
+            "paced_measured": row["n"],
+            "unanswered_at_end": unanswered,
+            "peak_rss_mb": rss,
+        }
+
+
+# ---- peers -------------------------------------------------------------------------------
+
+
+async def _spawn(cmd: list[str], env: dict[str, str], log: Path) -> asyncio.subprocess.Process:
+    fh = open(log, "wb")
+    return await asyncio.create_subprocess_exec(
+        *cmd, cwd=ROOT, env=env, stdout=fh, stderr=asyncio.subprocess.STDOUT
+    )
+
+
+async def _wait_http(url: str, within: float = 30) -> None:
+    deadline = time.monotonic() + within
+    async with httpx.AsyncClient(timeout=2) as client:
+        while True:
+            with contextlib.suppress(httpx.HTTPError):
+                if (await client.get(url)).status_code < 500:
+                    return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"{url} did not come up")
+            await asyncio.sleep(0.2)
+
+
+async def peer(kind: str, args: argparse.Namespace, world: FakeWorld) -> dict[str, Any]:
+    async with fresh(args) as (db_url, amqp_url):
+        port = free_port()
+        env = {
+            **os.environ,
+            "BENCH_DATABASE_URL": db_url,
+            "BENCH_AMQP_URL": amqp_url,
+            "BENCH_PLATFORM_URL": world.url,
+            "BENCH_SECRET": SECRET,
+            "BENCH_PORT": str(port),
+            "BENCH_CONCURRENCY": "8",
+        }
+        logs = ROOT / ".pytest_cache"
+        logs.mkdir(exist_ok=True)
+        py = sys.executable
+        if kind == "polling":  # once, before the two processes race on CREATE TABLE IF NOT EXISTS
+            conn = await asyncpg.connect(db_url)
+            await conn.execute(POLLING_SCHEMA)
+            await conn.close()
+        if kind == "celery":
+            cmds = {
+                "receiver": [py, "-m", "bench.peers", "celery-receiver"],
+                "worker": [py, "-m", "celery", "-A", "bench.peers:celery_app", "worker", "--pool", "threads",
+                           "-c", "8", "--without-gossip", "--without-mingle", "--without-heartbeat", "-l", "WARNING"],
+            }  # fmt: skip
+        else:
+            cmds = {
+                "receiver": [py, "-m", "bench.peers", "polling-receiver"],
+                "worker": [py, "-m", "bench.peers", "polling-worker"],
+            }
+        procs = {
+            name: await _spawn(cmd, env, logs / f"bench-{kind}-{name}.log") for name, cmd in cmds.items()
+        }
+        try:
+            url = f"http://127.0.0.1:{port}"
+            await _wait_http(f"{url}/openapi.json")
+            await asyncio.sleep(2)  # let the worker attach to its queue or table
+            result = await load(url, world, args, lua_file())
+            result["peak_rss_mb"] = {name: peak_rss_mb(p.pid) for name, p in procs.items()}
+            return result
+        finally:
+            for p in procs.values():
+                if p.returncode is None:
+                    p.terminate()
+                    with contextlib.suppress(TimeoutError):
+                        await asyncio.wait_for(p.wait(), 20)
+                    if p.returncode is None:
+                        p.kill()
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    out: dict[str, Any] = {"connections": args.connections, "seconds": args.seconds}
+    async with running_fakes() as world:
+        for kind in args.systems:
+            print(f"pipeline: {kind} ...", flush=True)
+            out[kind] = await (chatqueue(args, world) if kind == "chatqueue" else peer(kind, args, world))
+            r = out[kind]
+            print(
+                f"  {kind}: {r['accepted']} accepted at {r['intake_rps']:.0f} req/s, {r['replies']} replies, "
+                f"sustained {r['throughput']:.0f} msg/s, complete={r['complete']}",
+                flush=True,
+            )
+    return out
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--connections", type=int, default=16)
+    p.add_argument("--seconds", type=int, default=15)
+    p.add_argument("--drain-seconds", type=float, default=240)
+    p.add_argument("--systems", nargs="+", default=["chatqueue", "celery", "polling"])
+    p.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
+    p.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args()
+    result = asyncio.run(run(args))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "pipeline.json").write_text(json.dumps(result, indent=2, default=str))
+
+
+if __name__ == "__main__":
+    main()

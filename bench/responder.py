@@ -1,0 +1,172 @@
+"""Responder benchmark: jobs/s of the responder with instant fakes (facts writer, a
+platform that answers at once, no pacing), next to a bare aio-pika consumer doing the
+same single Postgres write per message with manual acks and the same prefetch.
+
+The jobs are real: the receiver and the coalescer (no debounce) turn N webhooks of N
+chats into N reply jobs waiting in chatq.responder; then the responder starts and we
+time it until every operation is replied. The bare consumer then drains N messages of
+the same size from a queue of the same type, inserting one row per message.
+"""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import json
+import time
+from typing import Any
+
+import aio_pika
+import asyncpg
+
+from bench.intake import RESULTS, SECRET, wrk
+from bench.pipeline import fresh, lua_file
+from shared.broker.topology import RESPONDER_QUEUE
+from shared.settings import Settings
+from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.support.processes import Receiver, Worker
+
+
+async def queue_depth(amqp_url: str, queue: str) -> int:
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        q = await (await connection.channel()).declare_queue(queue, passive=True)
+        return q.declaration_result.message_count or 0
+
+
+async def responder_round(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any]:
+    async with fresh(args) as (db_url, amqp_url):
+        settings = Settings(
+            database_url=db_url,
+            amqp_url=amqp_url,
+            telegram_webhook_secret=SECRET,
+            telegram_bot_token="4242:bench",
+            telegram_api_base=world.url,
+            quiet_seconds=0,
+            reply_delay_min_seconds=0,
+            reply_delay_max_seconds=0,
+            max_wait_seconds=0,
+            coalescer_poll_seconds=0.05,
+            platform_rate_per_second=100000,
+            responder_concurrency=args.concurrency or Settings.model_fields["responder_concurrency"].default,
+            sandbox_enabled=False,
+            log_level="WARNING",
+        )
+        receiver = await Receiver(settings).start()
+        coalescer = await Worker("coalescer", settings).start()
+        try:
+            result = await asyncio.to_thread(wrk, receiver.url, lua_file(), 8, args.fill_seconds)
+            accepted = result["requests"] - result["non_2xx"]
+            deadline = time.monotonic() + 300
+            while (depth := await queue_depth(amqp_url, RESPONDER_QUEUE)) < accepted:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"only {depth} of {accepted} jobs reached {RESPONDER_QUEUE}")
+                await asyncio.sleep(0.2)
+        finally:
+            await coalescer.stop()
+            await receiver.stop()
+        conn = await asyncpg.connect(db_url)
+        before = len(world.telegram)
+        responder = Worker("responder", settings)
+        started = time.monotonic()
+        await responder.start(wait_healthy=False)
+        try:
+            while len(world.telegram) - before < accepted:
+                if time.monotonic() - started > 300:
+                    raise RuntimeError("the responder did not finish")
+                await asyncio.sleep(0.02)
+            elapsed = time.monotonic() - started
+        finally:
+            await responder.stop()
+        replied = await conn.fetchval("SELECT count(*) FROM operations WHERE status = 'replied'")
+        await conn.close()
+        # Bare consumer on the same broker and database: one INSERT per message, manual ack.
+        bare = await bare_consumer(db_url, amqp_url, accepted, prefetch=settings.responder_concurrency)
+    return {
+        "jobs": accepted,
+        "replied": replied,
+        "responder_seconds": elapsed,  # includes the process start (~1 s), as a restart would
+        "responder_jobs_per_s": accepted / elapsed,
+        "bare_jobs_per_s": bare,
+        "ratio": accepted / elapsed / bare,
+    }
+
+
+async def bare_consumer(db_url: str, amqp_url: str, n: int, *, prefetch: int) -> float:
+    pool = await asyncpg.create_pool(db_url, min_size=prefetch, max_size=prefetch)
+    await pool.execute("CREATE TABLE bench_bare (message_id text PRIMARY KEY, body bytea NOT NULL)")
+    connection = await aio_pika.connect(amqp_url)
+    async with connection:
+        channel = await connection.channel(publisher_confirms=True)
+        queue = await channel.declare_queue("bench.bare", durable=True, arguments={"x-queue-type": "quorum"})
+        body = b"x" * 600
+        for start in range(0, n, 200):
+            await asyncio.gather(
+                *(
+                    channel.default_exchange.publish(
+                        aio_pika.Message(
+                            body, message_id=f"m{i}", delivery_mode=aio_pika.DeliveryMode.PERSISTENT
+                        ),
+                        routing_key="bench.bare",
+                    )
+                    for i in range(start, min(start + 200, n))
+                )
+            )
+        consume = await connection.channel()
+        await consume.set_qos(prefetch_count=prefetch)
+        q = await consume.get_queue("bench.bare")
+        done = asyncio.Event()
+        count = 0
+
+        async def handle(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+            nonlocal count
+            await pool.execute(
+                "INSERT INTO bench_bare (message_id, body) VALUES ($1, $2) ON CONFLICT DO NOTHING",
+                message.message_id,
+                message.body,
+            )
+            await message.ack()
+            count += 1
+            if count >= n:
+                done.set()
+
+        started = time.monotonic()
+        tag = await q.consume(handle)
+        await asyncio.wait_for(done.wait(), 300)
+        elapsed = time.monotonic() - started
+        await q.cancel(tag)
+        await queue.delete(if_unused=False, if_empty=False)
+    await pool.close()
+    return n / elapsed
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    async with running_fakes() as world:
+        result = await responder_round(args, world)
+    print(
+        f"  responder {result['responder_jobs_per_s']:.0f} jobs/s ({result['jobs']} jobs), bare consumer "
+        f"{result['bare_jobs_per_s']:.0f} msg/s, ratio {result['ratio']:.2f}",
+        flush=True,
+    )
+    return result
+
+
+def add_arguments(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--fill-seconds", type=int, default=8)
+    p.add_argument("--concurrency", type=int, help="RESPONDER_CONCURRENCY (default: the setting's default)")
+    p.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
+    p.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(p)
+    args = p.parse_args()
+    result = asyncio.run(run(args))
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / "responder.json").write_text(json.dumps(result, indent=2))
+
+
+if __name__ == "__main__":
+    main()
