@@ -19,7 +19,7 @@ import statistics
 import time
 from pathlib import Path
 
-from bench.support import drop_database, fresh_database, private_vhost
+from bench.support import add_infra_arguments, drop_database, fresh_database, private_vhost
 from services.coalescer.service import _CLAIM_DUE, Coalescer
 from services.coalescer.windows import WindowPolicy
 from shared.broker.connection import BrokerConnection
@@ -154,9 +154,7 @@ def main() -> None:
     parser.add_argument("--due", type=int, default=10_000)
     parser.add_argument("--spread", type=float, default=10.0)
     parser.add_argument("--batch", type=int, default=200)
-    parser.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
-    parser.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
+    add_infra_arguments(parser)
     args = parser.parse_args()
     r = asyncio.run(run(args))
     print(

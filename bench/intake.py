@@ -22,7 +22,7 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from bench.support import drop_database, fresh_database, private_vhost
+from bench.support import add_infra_arguments, drop_database, fresh_database, private_vhost
 from shared.settings import Settings
 from tests.support.processes import Receiver
 
@@ -233,9 +233,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
-    parser.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
-    parser.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
+    add_infra_arguments(parser)
     args = parser.parse_args()
     result = asyncio.run(run(args))
     print(f"intake: {args.rounds} alternating rounds of {args.seconds}s, same machine, same run (medians)")

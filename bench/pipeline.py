@@ -30,7 +30,7 @@ import httpx
 
 from bench.intake import RESULTS, ROOT, SECRET, wrk
 from bench.peers import POLLING_SCHEMA
-from bench.support import drop_database, fresh_database, private_vhost
+from bench.support import add_infra_arguments, drop_database, fresh_database, private_vhost
 from shared.settings import Settings
 from tests.fakes.platforms import FakeWorld, running_fakes
 from tests.support.processes import Receiver, Worker, free_port
@@ -124,24 +124,31 @@ async def fresh(args: argparse.Namespace) -> AsyncIterator[tuple[str, str]]:
 # ---- chatqueue ---------------------------------------------------------------------------
 
 
+def instant_settings(db_url: str, amqp_url: str, world: FakeWorld, **overrides: Any) -> Settings:
+    """chatqueue on the fake Telegram with no debounce, no human-like delay, no pacing and
+    the facts responder: every cost left is the pipeline's own."""
+    values: dict[str, Any] = {
+        "database_url": db_url,
+        "amqp_url": amqp_url,
+        "telegram_webhook_secret": SECRET,
+        "telegram_bot_token": "4242:bench",
+        "telegram_api_base": world.url,
+        "quiet_seconds": 0,
+        "reply_delay_min_seconds": 0,
+        "reply_delay_max_seconds": 0,
+        "max_wait_seconds": 0,
+        "coalescer_poll_seconds": 0.05,
+        "relay_poll_seconds": 0.2,
+        "platform_rate_per_second": 100000,
+        "sandbox_enabled": False,
+        "log_level": "WARNING",
+    }
+    return Settings(**{**values, **overrides})
+
+
 async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any]:
     async with fresh(args) as (db_url, amqp_url):
-        settings = Settings(
-            database_url=db_url,
-            amqp_url=amqp_url,
-            telegram_webhook_secret=SECRET,
-            telegram_bot_token="4242:bench",
-            telegram_api_base=world.url,
-            quiet_seconds=0,
-            reply_delay_min_seconds=0,
-            reply_delay_max_seconds=0,
-            max_wait_seconds=0,
-            coalescer_poll_seconds=0.05,
-            relay_poll_seconds=0.2,
-            platform_rate_per_second=100000,
-            sandbox_enabled=False,
-            log_level="WARNING",
-        )
+        settings = instant_settings(db_url, amqp_url, world)
         procs = {
             "receiver": Receiver(settings),
             "coalescer": Worker("coalescer", settings),
@@ -285,9 +292,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=int, default=15)
     p.add_argument("--drain-seconds", type=float, default=240)
     p.add_argument("--systems", nargs="+", default=["chatqueue", "celery", "polling"])
-    p.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
-    p.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
+    add_infra_arguments(p)
 
 
 def main() -> None:

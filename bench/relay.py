@@ -18,7 +18,7 @@ import aio_pika
 import asyncpg
 
 from bench.intake import RESULTS
-from bench.support import drop_database, fresh_database, private_vhost
+from bench.support import add_infra_arguments, drop_database, fresh_database, private_vhost
 from shared.broker.connection import BrokerConnection
 from shared.broker.topology import COALESCER_QUEUE, INBOUND_EXCHANGE, build_topology
 from shared.db import create_pool
@@ -172,9 +172,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--rate", type=int, default=1000)
     p.add_argument("--lag-seconds", type=float, default=15)
-    p.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
-    p.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
+    add_infra_arguments(p)
 
 
 def main() -> None:

@@ -19,8 +19,9 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from bench.intake import RESULTS, SECRET, wrk
-from bench.pipeline import fresh, lua_file
+from bench.intake import RESULTS, wrk
+from bench.pipeline import fresh, instant_settings, lua_file
+from bench.support import add_infra_arguments
 from shared.broker.topology import RESPONDER_QUEUE
 from shared.settings import Settings
 from tests.fakes.platforms import FakeWorld, running_fakes
@@ -36,22 +37,8 @@ async def queue_depth(amqp_url: str, queue: str) -> int:
 
 async def responder_round(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any]:
     async with fresh(args) as (db_url, amqp_url):
-        settings = Settings(
-            database_url=db_url,
-            amqp_url=amqp_url,
-            telegram_webhook_secret=SECRET,
-            telegram_bot_token="4242:bench",
-            telegram_api_base=world.url,
-            quiet_seconds=0,
-            reply_delay_min_seconds=0,
-            reply_delay_max_seconds=0,
-            max_wait_seconds=0,
-            coalescer_poll_seconds=0.05,
-            platform_rate_per_second=100000,
-            responder_concurrency=args.concurrency or Settings.model_fields["responder_concurrency"].default,
-            sandbox_enabled=False,
-            log_level="WARNING",
-        )
+        concurrency = args.concurrency or Settings.model_fields["responder_concurrency"].default
+        settings = instant_settings(db_url, amqp_url, world, responder_concurrency=concurrency)
         receiver = await Receiver(settings).start()
         coalescer = await Worker("coalescer", settings).start()
         try:
@@ -154,9 +141,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
 def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--fill-seconds", type=int, default=8)
     p.add_argument("--concurrency", type=int, help="RESPONDER_CONCURRENCY (default: the setting's default)")
-    p.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
-    p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
-    p.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
+    add_infra_arguments(p)
 
 
 def main() -> None:

@@ -3,6 +3,7 @@ afterwards, so a run never leaves work behind for the services on this machine."
 
 from __future__ import annotations
 
+import argparse
 import contextlib
 import secrets
 from collections.abc import AsyncIterator
@@ -56,3 +57,10 @@ async def private_vhost(amqp_url: str, api_url: str) -> AsyncIterator[str]:
     finally:
         async with httpx.AsyncClient(auth=auth) as client:
             await client.delete(f"{base}/vhosts/{vhost}")
+
+
+def add_infra_arguments(parser: argparse.ArgumentParser) -> None:
+    """Where the benchmark finds Postgres (an admin database) and RabbitMQ."""
+    parser.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
+    parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
+    parser.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
