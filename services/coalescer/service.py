@@ -58,13 +58,36 @@ class Filed:
     opened: bool
 
 
-_LOCK_CHAT = "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))"
+_LOCK_CHAT_WINDOW = "SELECT * FROM chatq_lock_chat_window($1, $2)"
 
-_OPEN_WINDOW = """
-SELECT id, first_at, last_at, deadline_at, due_at, delay_seconds, message_count
-FROM chat_windows WHERE chat_key = $1 AND status = 'open'
-FOR UPDATE
+# Filing writes in one statement: the window (opened, or moved on), the message in it,
+# and the operation's status.
+_FILED = """
+, filed AS (INSERT INTO window_messages (operation_id, window_id) SELECT $2, id FROM w)
+UPDATE operations SET status = 'waiting', updated_at = now()
+WHERE id = $2 AND status IN ('accepted', 'queued')
 """
+
+_FILE_OPENING = (
+    """
+WITH w AS (
+    INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                              deadline_at, due_at, delay_seconds, message_count)
+    VALUES ($1, $6, $7, $8, $9, 'open', $10, $3, $11, $4, $12, $5)
+    RETURNING id
+)
+"""
+    + _FILED
+)
+
+_FILE_ADDING = (
+    """
+WITH w AS (
+    UPDATE chat_windows SET last_at = $3, due_at = $4, message_count = $5 WHERE id = $1 RETURNING id
+)
+"""
+    + _FILED
+)
 
 _CLAIM_DUE = """
 SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
@@ -164,61 +187,31 @@ class Coalescer:
         transaction. Returns None for a message already filed (a redelivery)."""
         key = inbound.chat_key
         async with self._pool.acquire() as conn, conn.transaction():
-            # Serialises the chat's messages across replicas; windows of other chats
-            # proceed in parallel.
-            await conn.execute(_LOCK_CHAT, key)
-            if await conn.fetchval(
-                "SELECT 1 FROM window_messages WHERE operation_id = $1", inbound.operation_id
-            ):
+            # The chat's lock serialises its messages across replicas (windows of other
+            # chats proceed in parallel); the rest is read under it.
+            row = await conn.fetchrow(_LOCK_CHAT_WINDOW, key, inbound.operation_id)
+            if row["duplicate"]:
                 MESSAGES_FILED.labels(outcome="duplicate").inc()
                 return None
-            if not await conn.fetchval("SELECT 1 FROM operations WHERE id = $1", inbound.operation_id):
+            if not row["known"]:
                 raise Reject(f"operation {inbound.operation_id} is not in the inbox")
-            now: datetime = await conn.fetchval("SELECT clock_timestamp()")
-            row = await conn.fetchrow(_OPEN_WINDOW, key)
-            current = _window(row) if row else None
-            window = on_message(current, now, self._policy, self._draw)
-            if row is None:
-                window_id = uuid.uuid4()
-                await conn.execute(
-                    """
-                    INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at,
-                                              last_at, deadline_at, due_at, delay_seconds, message_count)
-                    VALUES ($1, $2, $3, $4, $5, 'open', $6, $7, $8, $9, $10, $11)
-                    """,
-                    window_id,
-                    key,
-                    inbound.platform,
-                    inbound.account_id,
-                    inbound.chat_id,
-                    window.first_at,
-                    window.last_at,
-                    window.deadline_at,
-                    window.due_at,
-                    window.delay_seconds,
-                    window.message_count,
-                )
-            else:
-                window_id = row["id"]
-                await conn.execute(
-                    "UPDATE chat_windows SET last_at = $2, due_at = $3, message_count = $4 WHERE id = $1",
-                    window_id,
-                    window.last_at,
-                    window.due_at,
-                    window.message_count,
-                )
+            opened = row["id"] is None
+            window = on_message(None if opened else _window(row), row["now"], self._policy, self._draw)
+            window_id = uuid.uuid4() if opened else row["id"]
             await conn.execute(
-                "INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)",
-                inbound.operation_id,
+                _FILE_OPENING if opened else _FILE_ADDING,
                 window_id,
-            )
-            await conn.execute(
-                """
-                UPDATE operations SET status = 'waiting', updated_at = now()
-                WHERE id = $1 AND status IN ('accepted', 'queued')
-                """,
                 inbound.operation_id,
-            )
+                window.last_at,
+                window.due_at,
+                window.message_count,
+                *(
+                    (key, inbound.platform, inbound.account_id, inbound.chat_id, window.first_at,
+                     window.deadline_at, window.delay_seconds)
+                    if opened
+                    else ()
+                ),
+            )  # fmt: skip
             fault_point("coalescer.before_commit")
         MESSAGES_FILED.labels(outcome="filed").inc()
         logger.info(
@@ -229,7 +222,7 @@ class Coalescer:
             window.message_count,
             window.due_at.isoformat(timespec="milliseconds"),
         )
-        return Filed(window_id, window.due_at, opened=row is None)
+        return Filed(window_id, window.due_at, opened=opened)
 
     # ---- emitting --------------------------------------------------------------
 

@@ -91,7 +91,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     platforms = build_platforms(settings, client, pool)
     writer = build_writer(settings)
     responder = Responder(
-        JobStore(pool),
+        JobStore(pool, history=settings.history_messages),
         platforms,
         writer,
         Alerter(
@@ -100,7 +100,6 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             client,
         ),
         fold_max_rounds=settings.fold_max_rounds,
-        history_messages=settings.history_messages,
         review_owner=settings.review_owner,
     )
     consumer = Consumer(

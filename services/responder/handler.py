@@ -24,7 +24,7 @@ from shared.retry import attempt_of
 
 from .alerts import Alerter
 from .failures import Failure, Kind
-from .idempotency import Job, JobBusy, JobStore, Reconcile, Skip
+from .idempotency import Job, JobBusy, JobSession, JobStore, Reconcile, Skip
 from .llm import ReplyWriter, cut
 from .platforms.base import Platform
 
@@ -40,7 +40,6 @@ class Responder:
         alerter: Alerter,
         *,
         fold_max_rounds: int = 2,
-        history_messages: int = 12,
         review_owner: str = "on-call",
     ) -> None:
         self._store = store
@@ -48,7 +47,6 @@ class Responder:
         self._writer = writer
         self._alerter = alerter
         self._fold_max_rounds = fold_max_rounds
-        self._history = history_messages
         self._owner = review_owner
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
@@ -58,13 +56,13 @@ class Responder:
             raise Reject(f"not a chatq.job.v1 message: {exc.error_count()} error(s)") from None
         attempt = attempt_of(message.headers)
         try:
-            async with self._store.exclusive(wire.job_id):
-                await self._handle(wire.job_id, attempt)
+            async with self._store.exclusive(wire.job_id) as db:
+                await self._handle(db, wire.job_id, attempt)
         except JobBusy as busy:
             raise RetryLater(str(busy), kind="busy") from None
 
-    async def _handle(self, job_id: uuid.UUID, attempt: int) -> None:
-        state = await self._store.claim(job_id, attempt)
+    async def _handle(self, db: JobSession, job_id: uuid.UUID, attempt: int) -> None:
+        state = await db.claim(job_id, attempt)
         if isinstance(state, Skip):
             logger.info("job %s skipped: %s", job_id, state.reason)
             return
@@ -73,26 +71,28 @@ class Responder:
         if platform is None:
             raise Reject(f"{job.platform} replies are not configured in this responder")
         if isinstance(state, Reconcile):
-            await self._reconcile(state, platform, attempt)
+            await self._reconcile(db, state, platform, attempt)
         else:
-            await self._reply(job, platform, attempt)
+            await self._reply(db, job, platform, attempt)
 
-    async def _reply(self, job: Job, platform: Platform, attempt: int, text: str | None = None) -> None:
+    async def _reply(
+        self, db: JobSession, job: Job, platform: Platform, attempt: int, text: str | None = None
+    ) -> None:
         if text is None:
             try:
-                job, text = await self._generate(job, platform)
+                job, text = await self._generate(db, job, platform, attempt)
             except Failure as failure:
-                await self._failed(job, failure, stage="model")
+                await self._failed(db, job, failure, stage="model")
                 return
-            fault_point("responder.after_generate")
-        await self._store.record_intent(job.job_id, text, attempt)
+        else:
+            await db.record_intent(job.job_id, text, attempt)
         try:
             sent = await platform.send(job.account_id, job.chat_id, text, key=str(job.job_id))
         except Failure as failure:
-            await self._send_failed(job, platform, failure)
+            await self._send_failed(db, job, platform, failure)
             return
         fault_point("responder.after_send")
-        await self._store.record_sent(job, text, sent.message_id)
+        await db.record_sent(job, text, sent.message_id)
         fault_point("responder.after_record")
         logger.info(
             "job %s replied in %s with %d message(s) (attempt %d)",
@@ -102,12 +102,14 @@ class Responder:
             attempt,
         )
 
-    async def _generate(self, job: Job, platform: Platform) -> tuple[Job, str]:
-        history = await self._store.history(job, self._history)
-        text = await self._writer.write(history, [m.text for m in job.messages])
-        for _ in range(self._fold_max_rounds):
-            folded = await self._store.fold_in(job)
-            if len(folded.messages) == len(job.messages):
+    async def _generate(self, db: JobSession, job: Job, platform: Platform, attempt: int) -> tuple[Job, str]:
+        """Write the reply; fold in messages that arrived meanwhile and write again (at most
+        fold_max_rounds times); return with the delivery intent recorded."""
+        text = cut(await self._writer.write(job.history, [m.text for m in job.messages]), platform.max_text)
+        fault_point("responder.after_generate")
+        for round_ in range(self._fold_max_rounds + 1):
+            folded = await db.before_send(job, text, attempt, fold=round_ < self._fold_max_rounds)
+            if folded is job:
                 break
             logger.info(
                 "job %s: folded %d new message(s) in; regenerating",
@@ -115,62 +117,63 @@ class Responder:
                 len(folded.messages) - len(job.messages),
             )
             job = folded
-            text = await self._writer.write(history, [m.text for m in job.messages])
-        return job, cut(text, platform.max_text)
+            text = cut(
+                await self._writer.write(job.history, [m.text for m in job.messages]), platform.max_text
+            )
+        return job, text
 
-    async def _failed(self, job: Job, failure: Failure, *, stage: str) -> None:
+    async def _failed(self, db: JobSession, job: Job, failure: Failure, *, stage: str) -> None:
         """A failure before anything was sent: retry later, or give up for good."""
         if failure.kind is Kind.PERMANENT:
             raise Reject(f"{stage}: {failure.reason}")
-        await self._store.record_retry(job.job_id, "transient", f"{stage}: {failure.reason}")
+        await db.record_retry(job.job_id, "transient", f"{stage}: {failure.reason}")
         raise RetryLater(
             f"{stage}: {failure.reason}", kind=f"{stage}_{failure.kind}", retry_after=failure.retry_after
         )
 
-    async def _send_failed(self, job: Job, platform: Platform, failure: Failure) -> None:
+    async def _send_failed(self, db: JobSession, job: Job, platform: Platform, failure: Failure) -> None:
         if failure.kind is not Kind.UNKNOWN:
-            await self._store.record_delivery(job.job_id, "not_sent", failure.reason)
-            await self._failed(job, failure, stage=platform.name)
+            await db.record_delivery(job.job_id, "not_sent", failure.reason)
+            await self._failed(db, job, failure, stage=platform.name)
             return
-        await self._store.record_delivery(job.job_id, "unknown", failure.reason)
+        await db.record_delivery(job.job_id, "unknown", failure.reason)
         if platform.idempotent or platform.can_reconcile:
             # Generic: re-sending with the same Idempotency-Key is safe. Avito: the next
             # attempt lists the chat for our reply before sending anything.
-            await self._store.record_retry(job.job_id, "unknown", f"{platform.name}: {failure.reason}")
+            await db.record_retry(job.job_id, "unknown", f"{platform.name}: {failure.reason}")
             raise RetryLater(f"{platform.name}: {failure.reason}", kind="unknown_outcome")
-        await self._needs_review(job, f"{platform.name}: {failure.reason}; check the chat and resolve")
+        await self._needs_review(db, job, f"{platform.name}: {failure.reason}; check the chat and resolve")
 
-    async def _reconcile(self, state: Reconcile, platform: Platform, attempt: int) -> None:
+    async def _reconcile(self, db: JobSession, state: Reconcile, platform: Platform, attempt: int) -> None:
         job = state.job
         if platform.idempotent:
             logger.info("job %s: outcome unknown; re-sending with the same idempotency key", job.job_id)
-            await self._reply(job, platform, attempt, text=state.text)
+            await self._reply(db, job, platform, attempt, text=state.text)
             return
         if platform.can_reconcile:
             try:
                 found = await platform.find_sent(job.account_id, job.chat_id, state.text, state.started_at)
             except Failure as failure:
-                await self._store.record_retry(job.job_id, "unknown", f"reconciling: {failure.reason}")
+                await db.record_retry(job.job_id, "unknown", f"reconciling: {failure.reason}")
                 raise RetryLater(
                     f"reconciling with {platform.name}: {failure.reason}", kind="reconcile"
                 ) from None
             if found is not None:
                 logger.info("job %s: reconciled, our reply %s is in the chat", job.job_id, found.message_id)
-                await self._store.record_sent(job, state.text, found.message_id)
+                await db.record_sent(job, state.text, found.message_id)
                 return
             logger.info("job %s: our reply is not in the chat; sending it", job.job_id)
-            await self._reply(job, platform, attempt, text=state.text)
+            await self._reply(db, job, platform, attempt, text=state.text)
             return
         await self._needs_review(
+            db,
             job,
             f"{platform.name} cannot tell whether the reply went out (a send was interrupted); "
             "check the chat and resolve",
         )
 
-    async def _needs_review(self, job: Job, reason: str) -> None:
-        settled = await self._store.finish_unsent(
-            job.job_id, "needs_review", "unknown", reason, owner=self._owner
-        )
+    async def _needs_review(self, db: JobSession, job: Job, reason: str) -> None:
+        settled = await db.finish_unsent(job.job_id, "needs_review", "unknown", reason, owner=self._owner)
         if settled is not None:
             logger.warning("job %s needs review (owner %s): %s", job.job_id, self._owner, reason)
             await self._alerter.announce(

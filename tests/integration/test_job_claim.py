@@ -1,0 +1,308 @@
+"""The responder's claim, before-send and record, each one statement in Postgres (migration
+0006): every branch of the claim decision against real rows, seeded directly so each
+situation is exact (answered already, late, held by another job, interrupted send)."""
+
+from __future__ import annotations
+
+import uuid
+from datetime import UTC, datetime, timedelta
+
+import asyncpg
+import pytest
+
+from services.responder.idempotency import Job, JobBusy, JobStore, Reconcile, Skip
+from shared.broker.consumer import Reject
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
+
+T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+CHAT = "telegram:bot:77"
+
+
+async def operation(
+    pool: asyncpg.Pool, message_id: str, *, at: datetime, status: str = "waiting"
+) -> uuid.UUID:
+    op = uuid.uuid4()
+    await pool.execute(
+        """
+        INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id, text, sent_at,
+                                status, received_at, payload)
+        VALUES ($1, 'telegram', 'bot', $2, '77', $2, $3, $4::timestamptz, $5, $4::timestamptz + interval '1 second', '{}')
+        """,
+        op,
+        message_id,
+        f"message {message_id}",
+        at,
+        status,
+    )
+    return op
+
+
+async def job(pool: asyncpg.Pool, ops: list[uuid.UUID], *, status: str = "pending") -> uuid.UUID:
+    window, job_id = uuid.uuid4(), uuid.uuid4()
+    await pool.execute(
+        """
+        INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                                  deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
+        VALUES ($1, $2, 'telegram', 'bot', '77', 'closed', $3, $3, $3, $3, 0, 1, $3, $4)
+        """,
+        window,
+        CHAT,
+        T0,
+        job_id,
+    )
+    await pool.execute(
+        """
+        INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status, operation_ids,
+                                reply_text, sent_at)
+        VALUES ($1, $2, $3, 'telegram', 'bot', '77', $4::text, $5,
+                CASE WHEN $4 = 'sent' THEN 'an earlier reply' END, CASE WHEN $4 = 'sent' THEN now() END)
+        """,
+        job_id,
+        window,
+        CHAT,
+        status,
+        ops,
+    )
+    await pool.execute("UPDATE operations SET job_id = $1 WHERE id = ANY($2::uuid[])", job_id, ops)
+    return job_id
+
+
+async def claim(pool: asyncpg.Pool, job_id: uuid.UUID, attempt: int = 1) -> Job | Skip | Reconcile:
+    async with JobStore(pool).exclusive(job_id) as db:
+        return await db.claim(job_id, attempt)
+
+
+async def statuses(pool: asyncpg.Pool, *ops: uuid.UUID) -> list[tuple[str, str | None]]:
+    rows = {
+        r["id"]: (r["status"], r["status_reason"])
+        for r in await pool.fetch(
+            "SELECT id, status, status_reason FROM operations WHERE id = ANY($1::uuid[])", ops
+        )
+    }
+    return [rows[o] for o in ops]
+
+
+async def test_a_fresh_job_is_claimed_with_its_messages_in_platform_order_and_holds_them(pool):
+    # message ids compare numerically: "9" before "10" at the same timestamp
+    b = await operation(pool, "10", at=T0)
+    a = await operation(pool, "9", at=T0)
+    c = await operation(pool, "11", at=T0 + timedelta(seconds=1))
+    job_id = await job(pool, [b, a, c])
+
+    state = await claim(pool, job_id, attempt=3)
+
+    assert isinstance(state, Job)
+    assert [m.message_id for m in state.messages] == ["9", "10", "11"]
+    assert (state.platform, state.account_id, state.chat_id) == ("telegram", "bot", "77")
+    assert await pool.fetchval("SELECT status || ':' || attempts FROM reply_jobs WHERE id = $1", job_id) == (
+        "processing:3"
+    )
+    assert await statuses(pool, a, b, c) == [("replying", None)] * 3
+    held = await pool.fetch("SELECT operation_id FROM reply_coverage WHERE job_id = $1", job_id)
+    assert {r["operation_id"] for r in held} == {a, b, c}
+
+
+async def test_a_job_not_in_the_database_is_rejected(pool):
+    with pytest.raises(Reject, match="not in the database"):
+        await claim(pool, uuid.uuid4())
+
+
+async def test_a_final_job_is_skipped_and_left_as_it_is(pool):
+    op = await operation(pool, "1", at=T0, status="replied")
+    job_id = await job(pool, [op], status="sent")
+
+    state = await claim(pool, job_id)
+
+    assert state == Skip("job already sent")
+    assert await pool.fetchval("SELECT status FROM reply_jobs WHERE id = $1", job_id) == "sent"
+
+
+async def test_a_job_whose_messages_a_sent_reply_already_covers_is_superseded(pool):
+    op = await operation(pool, "1", at=T0, status="replied")
+    sent = await job(pool, [op], status="sent")
+    await pool.execute("INSERT INTO reply_coverage (operation_id, job_id) VALUES ($1, $2)", op, sent)
+    await pool.execute("UPDATE operations SET status = 'waiting' WHERE id = $1", op)  # a re-filed copy
+    again = await job(pool, [op])
+
+    state = await claim(pool, again)
+
+    assert state == Skip("every message was already answered")
+    assert await pool.fetchval("SELECT status FROM reply_jobs WHERE id = $1", again) == "superseded"
+    assert await statuses(pool, op) == [("ignored", "already answered by an earlier reply")]
+
+
+async def test_a_message_older_than_the_chats_last_answered_one_is_dropped_and_the_rest_answered(pool):
+    answered = await operation(pool, "5", at=T0 + timedelta(seconds=5), status="replied")
+    sent = await job(pool, [answered], status="sent")
+    await pool.execute(
+        "SELECT chatq_advance_last_answered($1, $2, '5', now(), $3)", CHAT, T0 + timedelta(seconds=5), sent
+    )
+    late = await operation(pool, "4", at=T0 + timedelta(seconds=4))
+    new = await operation(pool, "6", at=T0 + timedelta(seconds=6))
+    job_id = await job(pool, [late, new])
+
+    state = await claim(pool, job_id)
+
+    assert isinstance(state, Job)
+    assert [m.operation_id for m in state.messages] == [new]
+    assert await pool.fetchval("SELECT operation_ids FROM reply_jobs WHERE id = $1", job_id) == [new]
+    assert await statuses(pool, late, new) == [
+        ("ignored", "arrived after a reply to a later message of this chat"),
+        ("replying", None),
+    ]
+    assert await pool.fetchval("SELECT job_id FROM operations WHERE id = $1", late) is None
+
+
+async def test_a_message_another_job_holds_is_left_to_that_job(pool):
+    shared_op = await operation(pool, "1", at=T0)
+    own = await operation(pool, "2", at=T0 + timedelta(seconds=1))
+    holder = await job(pool, [shared_op], status="processing")
+    await pool.execute("INSERT INTO reply_coverage (operation_id, job_id) VALUES ($1, $2)", shared_op, holder)
+    await pool.execute(
+        "UPDATE reply_jobs SET chat_key = 'other' WHERE id = $1", holder
+    )  # one in flight per chat
+    job_id = await job(pool, [shared_op, own])
+
+    state = await claim(pool, job_id)
+
+    assert isinstance(state, Job)
+    assert [m.operation_id for m in state.messages] == [own]
+    assert (
+        await pool.fetchval("SELECT job_id FROM reply_coverage WHERE operation_id = $1", shared_op) == holder
+    )
+
+
+async def test_a_job_whose_every_message_another_job_holds_is_superseded(pool):
+    op = await operation(pool, "1", at=T0)
+    holder = await job(pool, [op], status="processing")
+    await pool.execute("INSERT INTO reply_coverage (operation_id, job_id) VALUES ($1, $2)", op, holder)
+    await pool.execute("UPDATE reply_jobs SET chat_key = 'other' WHERE id = $1", holder)
+    job_id = await job(pool, [op])
+
+    assert await claim(pool, job_id) == Skip("every message is answered or held by another reply")
+    assert await pool.fetchval("SELECT status FROM reply_jobs WHERE id = $1", job_id) == "superseded"
+
+
+async def test_a_job_with_an_interrupted_send_is_reconciled_with_the_text_it_was_sending(pool):
+    op = await operation(pool, "1", at=T0)
+    job_id = await job(pool, [op])
+    async with JobStore(pool).exclusive(job_id) as db:
+        assert isinstance(await db.claim(job_id, 1), Job)
+        await db.record_intent(job_id, "the reply", 1)
+
+    state = await claim(pool, job_id, attempt=2)
+
+    assert isinstance(state, Reconcile)
+    assert (state.text, state.delivery_status) == ("the reply", "sending")
+    assert [m.operation_id for m in state.job.messages] == [op]
+
+
+async def test_recording_a_reply_moves_job_delivery_operations_and_last_answered_together(pool):
+    a = await operation(pool, "1", at=T0)
+    b = await operation(pool, "2", at=T0 + timedelta(seconds=1))
+    job_id = await job(pool, [a, b])
+    async with JobStore(pool).exclusive(job_id) as db:
+        claimed = await db.claim(job_id, 1)
+        assert isinstance(claimed, Job)
+        await db.record_intent(job_id, "the reply", 1)
+        sent_at = await db.record_sent(claimed, "the reply", "m-9")
+
+    row = await pool.fetchrow(
+        """
+        SELECT j.status, j.reply_text, j.platform_message_id, j.sent_at, d.status AS d_status, d.finished_at,
+               c.last_answered_message_id, c.last_job_id
+        FROM reply_jobs j JOIN deliveries d ON d.job_id = j.id JOIN chats c ON c.chat_key = j.chat_key
+        WHERE j.id = $1
+        """,
+        job_id,
+    )
+    assert dict(row) == {
+        "status": "sent",
+        "reply_text": "the reply",
+        "platform_message_id": "m-9",
+        "sent_at": sent_at,
+        "d_status": "sent",
+        "finished_at": sent_at,
+        "last_answered_message_id": "2",
+        "last_job_id": job_id,
+    }
+    assert await statuses(pool, a, b) == [("replied", None)] * 2
+
+
+async def test_before_send_folds_the_chats_open_window_into_the_job_and_then_records_the_intent(pool):
+    first = await operation(pool, "1", at=T0)
+    job_id = await job(pool, [first])
+    later = await operation(pool, "2", at=T0 + timedelta(seconds=2))
+    window = uuid.uuid4()
+    await pool.execute(
+        """
+        INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                                  deadline_at, due_at, delay_seconds, message_count)
+        VALUES ($1, $2, 'telegram', 'bot', '77', 'open', $3, $3, $3, $3, 0, 1)
+        """,
+        window,
+        CHAT,
+        T0,
+    )
+    await pool.execute("INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)", later, window)
+    async with JobStore(pool).exclusive(job_id) as db:
+        claimed = await db.claim(job_id, 1)
+        assert isinstance(claimed, Job)
+        folded = await db.before_send(claimed, "a reply to one", 1)
+        assert await pool.fetchval("SELECT count(*) FROM deliveries WHERE job_id = $1", job_id) == 0
+        again = await db.before_send(folded, "a reply to both", 1)
+
+    assert [m.operation_id for m in folded.messages] == [first, later]
+    assert again is folded
+    assert await pool.fetchval("SELECT status || ':' || text FROM deliveries WHERE job_id = $1", job_id) == (
+        "sending:a reply to both"
+    )
+    assert await pool.fetchval("SELECT count(*) FROM chat_windows WHERE id = $1", window) == 0
+    assert await pool.fetchval("SELECT operation_ids FROM reply_jobs WHERE id = $1", job_id) == [first, later]
+    assert await statuses(pool, later) == [("replying", None)]
+
+
+async def test_a_second_handler_of_the_same_job_is_refused_while_the_first_holds_it(pool):
+    op = await operation(pool, "1", at=T0)
+    job_id = await job(pool, [op])
+    store = JobStore(pool)
+    async with store.exclusive(job_id) as first:
+        assert isinstance(await first.claim(job_id, 1), Job)
+        async with store.exclusive(job_id) as second:
+            with pytest.raises(JobBusy):
+                await second.claim(job_id, 2)
+    async with store.exclusive(job_id) as db:  # released: the next one gets it
+        assert isinstance(await db.claim(job_id, 3), Job)
+    assert await pool.fetchval("SELECT attempts FROM reply_jobs WHERE id = $1", job_id) == 3
+
+
+async def test_recording_the_reply_releases_the_job_for_a_copy_that_then_skips_it(pool):
+    op = await operation(pool, "1", at=T0)
+    job_id = await job(pool, [op])
+    store = JobStore(pool)
+    async with store.exclusive(job_id) as first:
+        claimed = await first.claim(job_id, 1)
+        assert isinstance(claimed, Job)
+        await first.before_send(claimed, "the reply", 1)
+        await first.record_sent(claimed, "the reply", "m-1")
+        async with store.exclusive(job_id) as copy:
+            assert await copy.claim(job_id, 2) == Skip("job already sent")
+
+
+async def test_a_claim_brings_the_chats_earlier_turns_oldest_first(pool):
+    earlier = await operation(pool, "1", at=T0)
+    sent = await job(pool, [earlier], status="sent")
+    await pool.execute("UPDATE operations SET status = 'replied' WHERE id = $1", earlier)
+    await pool.execute(
+        "UPDATE reply_jobs SET reply_text = 'an earlier reply', sent_at = $2 WHERE id = $1",
+        sent,
+        T0 + timedelta(seconds=2),
+    )
+    now = await operation(pool, "2", at=T0 + timedelta(seconds=10))
+    job_id = await job(pool, [now])
+
+    state = await claim(pool, job_id)
+
+    assert isinstance(state, Job)
+    assert [(t.role, t.text) for t in state.history] == [("buyer", "message 1"), ("bot", "an earlier reply")]
