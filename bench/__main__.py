@@ -65,6 +65,10 @@ def rows() -> list[dict[str, Any]]:
         row("responder", f"jobs/s ({responder['jobs']} jobs, instant fakes)", responder["responder_jobs_per_s"],
             "bare aio-pika consumer, 1 INSERT + ack each", responder["bare_jobs_per_s"], "ratio >= 0.6",
             responder["ratio"] >= 0.6, "jobs/s")  # fmt: skip
+        if "bare_with_send_jobs_per_s" in responder:  # where the gap is: the reply's HTTP call
+            row("responder", "jobs/s, same run", responder["responder_jobs_per_s"],
+                "bare consumer + the same platform call", responder["bare_with_send_jobs_per_s"],
+                "(context)", None, "jobs/s")  # fmt: skip
     coalescer = load("coalescer-100000.json")
     if coalescer:
         row("coalescer", "emission lag p99, 100,000 open windows", coalescer["lag_p99_ms"], "", None,
