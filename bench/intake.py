@@ -1,5 +1,6 @@
 """Intake benchmark: the receiver under wrk on loopback, next to pgbench running the
-identical inbox+outbox statement at the same concurrency, in the same run.
+identical inbox+outbox statement at the same concurrency, in the same run; then, each
+round, the receiver's latency under a paced load at half the maximum it just reached.
 
 Usage: python -m bench.intake [--connections 32] [--seconds 15]
 Needs wrk and pgbench on PATH (``make bench`` installs wrk). Absolute figures drift on
@@ -138,6 +139,13 @@ def pgbench(db_url: str, name: str, script: str, connections: int, seconds: int)
     return parse_pgbench(out.stdout)
 
 
+def paced_lua(script: str, delay_ms: float) -> str:
+    """The wrk script with a pause of ``delay_ms`` before each request of a connection."""
+    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
+        f.write(script + f"\ndelay = function() return {delay_ms:.2f} end\n")
+        return f.name
+
+
 def wrk(url: str, lua: str, connections: int, seconds: int, threads: int = 2) -> dict[str, float]:
     out = subprocess.run(
         [
@@ -182,7 +190,7 @@ async def measure(
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(PGBENCH_SCRIPT)
         script = f.name
-    light_conn = max(1, args.connections // 8)
+    light_conn = max(1, args.connections // 4)
     rounds: list[dict[str, dict[str, float]]] = []
     settings = Settings(
         database_url=db_url,
@@ -197,12 +205,20 @@ async def measure(
         wrk(receiver.url, lua, 4, 2)  # warm-up
         # Alternate the two sides so that the machine's drift hits both alike.
         for _ in range(args.rounds):
+            full = wrk(receiver.url, lua, args.connections, args.seconds)
+            bench_pg = pgbench(pg_url, pg_name, script, args.connections, args.seconds)
+            # Latency at half this round's maximum: paced, each connection pausing between
+            # requests so that together they offer about 0.5x the rate just measured.
+            target = full["rps"] / 2
+            delay = light_conn * 1000 / target
+            # Each connection's cycle is its pause plus the response time: a short run
+            # measures the latter, and the pause is shortened by it.
+            trial = wrk(receiver.url, paced_lua(WRK_SCRIPT, delay), light_conn, 3, threads=2)
+            response_ms = max(light_conn * 1000 / max(trial["rps"], 1) - delay, 0.0)
+            delay = max(delay - response_ms, 0.0)
+            light = wrk(receiver.url, paced_lua(WRK_SCRIPT, delay), light_conn, args.seconds, threads=2)
             rounds.append(
-                {
-                    "receiver": wrk(receiver.url, lua, args.connections, args.seconds),
-                    "pgbench": pgbench(pg_url, pg_name, script, args.connections, args.seconds),
-                    "receiver_light": wrk(receiver.url, lua, light_conn, args.seconds, threads=1),
-                }
+                {"receiver": full, "pgbench": bench_pg, "receiver_light": {**light, "target_rps": target}}
             )
     finally:
         await receiver.stop()
@@ -220,6 +236,9 @@ async def measure(
         "receiver_p99_ms_median": statistics.median(r["receiver"]["p99_ms"] for r in rounds),
         "pgbench_tps_median": statistics.median(r["pgbench"]["tps"] for r in rounds),
         "light_rps_median": statistics.median(r["receiver_light"]["rps"] for r in rounds),
+        "light_share_median": statistics.median(
+            r["receiver_light"]["rps"] / r["receiver"]["rps"] for r in rounds
+        ),
         "light_p99_ms_median": statistics.median(r["receiver_light"]["p99_ms"] for r in rounds),
         "non_2xx": sum(r["receiver"]["non_2xx"] + r["receiver_light"]["non_2xx"] for r in rounds),
         "unpublished_at_stop": unpublished,
@@ -241,7 +260,7 @@ def main() -> None:
         rc, pg, lt = r["receiver"], r["pgbench"], r["receiver_light"]
         print(
             f"  round {i}: receiver {rc['rps']:7.0f} req/s p99 {rc['p99_ms']:6.1f} ms | pgbench {pg['tps']:7.0f} tps"
-            f" | ratio {rc['rps'] / pg['tps']:.2f} | {result['light_connections']} conns: {lt['rps']:6.0f} req/s"
+            f" | ratio {rc['rps'] / pg['tps']:.2f} | paced, {result['light_connections']} conns: {lt['rps']:6.0f} req/s"
             f" p99 {lt['p99_ms']:5.1f} ms"
         )
     print(

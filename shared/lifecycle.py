@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import gc
 import logging
 import signal
 
@@ -24,3 +25,13 @@ def stop_on_signals() -> asyncio.Event:
     for s in (signal.SIGTERM, signal.SIGINT):
         loop.add_signal_handler(s, _first, s)
     return stop
+
+
+def freeze_startup_heap() -> None:
+    """Move everything allocated by start-up (modules, the app, pools, clients) out of the
+    garbage collector's reach. A full collection otherwise walks all of it: measured on
+    the receiver under load, gen-2 pauses of up to 170 ms and a p99 of 47 ms at a third
+    of its maximum rate; frozen, pauses stay under about 20 ms and the p99 fell to 13 ms
+    (bench.intake). Call once, when the service is set up and before it takes work."""
+    gc.collect()
+    gc.freeze()

@@ -12,6 +12,7 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer
 from shared.broker.topology import COALESCER_QUEUE, build_topology
 from shared.db import create_pool
+from shared.lifecycle import freeze_startup_heap
 from shared.migrate import migrate_dsn
 from shared.ops_http import consumer_readiness, ops_server
 from shared.outbox import Relay
@@ -55,6 +56,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             await asyncio.sleep(5)
 
     server = ops_server(consumer_readiness(consumer, pool), settings.http_host, settings.metrics_port)
+    freeze_startup_heap()
     tasks = {
         "relay": asyncio.create_task(relay.run(), name="relay"),
         "scheduler": asyncio.create_task(

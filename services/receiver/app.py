@@ -22,6 +22,7 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.topology import build_topology
 from shared.db import create_pool
 from shared.faults import fault_point
+from shared.lifecycle import freeze_startup_heap
 from shared.migrate import migrate_dsn
 from shared.outbox import Relay
 from shared.settings import Settings
@@ -71,6 +72,7 @@ def create_app(settings: Settings) -> FastAPI:
         runtime = await _start(settings)
         app.state.pool = runtime.pool
         app.state.runtime = runtime
+        freeze_startup_heap()
         try:
             yield
         finally:

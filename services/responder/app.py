@@ -15,6 +15,7 @@ from shared.broker.consumer import Consumer, RetryTiers
 from shared.broker.publisher import ConfirmingPublisher
 from shared.broker.topology import RESPONDER_QUEUE, build_topology
 from shared.db import create_pool
+from shared.lifecycle import freeze_startup_heap
 from shared.migrate import migrate_dsn
 from shared.ops_http import consumer_readiness, ops_server
 from shared.settings import Settings
@@ -112,6 +113,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     )
 
     server = ops_server(consumer_readiness(consumer, pool), settings.http_host, settings.metrics_port)
+    freeze_startup_heap()
     consumer_task = asyncio.create_task(consumer.run(), name="consumer")
     server_task = asyncio.create_task(server.serve(), name="ops-http")
     logger.info(
