@@ -61,6 +61,35 @@ def lua_file(delay_ms: float | None = None) -> str:
         return f.name
 
 
+def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
+    """CPU seconds (user + system) used so far by the system's own processes (``pids``),
+    by Postgres and by RabbitMQ (all their processes), and by the harness (this process,
+    which serves the fake platform, and wrk)."""
+    tick = os.sysconf("SC_CLK_TCK")
+    out = {"services": 0.0, "postgres": 0.0, "rabbitmq": 0.0, "harness": 0.0}
+    own = set(pids.values())
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue
+        comm = stat[stat.index("(") + 1 : stat.rindex(")")]
+        fields = stat[stat.rindex(")") + 2 :].split()
+        used = (int(fields[11]) + int(fields[12])) / tick
+        pid = int(entry.name)
+        if pid in own:
+            out["services"] += used
+        elif comm == "postgres":
+            out["postgres"] += used
+        elif comm.startswith(("beam", "erl_child")):
+            out["rabbitmq"] += used
+        elif pid == os.getpid() or comm == "wrk":
+            out["harness"] += used
+    return out
+
+
 def peak_rss_mb(pid: int) -> float:
     """VmHWM: the most resident memory the process ever had (NaN if it has exited)."""
     path = Path(f"/proc/{pid}/status")
@@ -89,15 +118,25 @@ async def replies_done(world: FakeWorld, target: int, *, started: float, within:
 
 
 async def load(
-    url: str, world: FakeWorld, args: argparse.Namespace, lua: str, connections: int | None = None
+    url: str,
+    world: FakeWorld,
+    args: argparse.Namespace,
+    lua: str,
+    connections: int | None = None,
+    pids: dict[str, int] | None = None,
 ) -> dict[str, Any]:
     before = len(world.telegram)
+    cpu_before = cpu_seconds(pids or {})
     started = time.monotonic()
     result = await asyncio.to_thread(wrk, url, lua, connections or args.connections, args.seconds)
     during = len(world.telegram) - before
     accepted = result["requests"] - result["non_2xx"]
     done = await replies_done(world, before + accepted, started=started, within=args.drain_seconds)
     replies = len(world.telegram) - before
+    cpu_after = cpu_seconds(pids or {})
+    # CPU per reply, from the start of the load to the last reply: what one message costs
+    # the machine in each part (a process that exits meanwhile is not counted).
+    cpu_ms = {k: 1000 * (cpu_after[k] - cpu_before[k]) / max(replies, 1) for k in cpu_before}
     return {
         "accepted": accepted,
         "intake_rps": result["rps"],
@@ -108,6 +147,7 @@ async def load(
         "seconds_to_last_reply": done,
         "throughput": replies / done if done else replies / (time.monotonic() - started),
         "complete": done is not None,
+        "cpu_ms_per_reply": {**cpu_ms, "total": sum(cpu_ms.values())},
     }
 
 
@@ -157,7 +197,8 @@ async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any
         for p in procs.values():
             await p.start()
         try:
-            saturated = await load(procs["receiver"].url, world, args, lua_file())
+            pids = {name: p.proc.pid for name, p in procs.items() if p.proc}
+            saturated = await load(procs["receiver"].url, world, args, lua_file(), pids=pids)
             # Latency at half the sustained rate (paced: each connection waits between requests).
             rate = max(saturated["throughput"] / 2, 1)
             paced_conns = 4
@@ -259,7 +300,7 @@ async def peer(kind: str, args: argparse.Namespace, world: FakeWorld) -> dict[st
             url = f"http://127.0.0.1:{port}"
             await _wait_http(f"{url}/openapi.json")
             await asyncio.sleep(2)  # let the worker attach to its queue or table
-            result = await load(url, world, args, lua_file())
+            result = await load(url, world, args, lua_file(), pids={n: p.pid for n, p in procs.items()})
             result["peak_rss_mb"] = {name: peak_rss_mb(p.pid) for name, p in procs.items()}
             return result
         finally:
@@ -279,9 +320,10 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             print(f"pipeline: {kind} ...", flush=True)
             out[kind] = await (chatqueue(args, world) if kind == "chatqueue" else peer(kind, args, world))
             r = out[kind]
+            cpu = ", ".join(f"{k} {v:.2f}" for k, v in r["cpu_ms_per_reply"].items())
             print(
                 f"  {kind}: {r['accepted']} accepted at {r['intake_rps']:.0f} req/s, {r['replies']} replies, "
-                f"sustained {r['throughput']:.0f} msg/s, complete={r['complete']}",
+                f"sustained {r['throughput']:.0f} msg/s, complete={r['complete']}; CPU ms per reply: {cpu}",
                 flush=True,
             )
     return out
