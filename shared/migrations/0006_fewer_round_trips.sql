@@ -4,6 +4,12 @@
 -- is one round trip and one transaction (a statement is atomic), and a reply costs three
 -- (claim, before send, record) instead of about twenty. The coalescer files a message in
 -- four (begin, chatq_lock_chat_window, one write, commit) instead of twelve.
+--
+-- Inside the hot functions every table access is a key lookup with a scalar key, so the
+-- plan PL/pgSQL caches per connection is right whatever the tables held when it was made.
+-- Measured (pg_stat_statements, bench.pipeline): statements over arrays of keys were
+-- either planned anew on every call (0.3-0.5 ms each, more than they ran) or, cached
+-- while the tables were nearly empty, kept scanning them as they grew (12 ms a claim).
 
 -- Every operation a sent job answered is held by that job in reply_coverage (claim and
 -- fold-in take them before sending; only a job that fails without sending gives them
@@ -20,7 +26,8 @@ ON CONFLICT (operation_id) DO NOTHING;
 -- person resolves an operation as replied manually.
 CREATE FUNCTION chatq_advance_last_answered(
     p_chat_key text, p_sent_at timestamptz, p_message_id text, p_reply_at timestamptz, p_job_id uuid
-) RETURNS void LANGUAGE sql AS $$
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO chats (chat_key, last_answered_sent_at, last_answered_message_id, last_reply_at, last_job_id)
     VALUES (p_chat_key, p_sent_at, p_message_id, p_reply_at, p_job_id)
     ON CONFLICT (chat_key) DO UPDATE
@@ -29,7 +36,8 @@ CREATE FUNCTION chatq_advance_last_answered(
         last_reply_at = EXCLUDED.last_reply_at, last_job_id = EXCLUDED.last_job_id
     WHERE (chats.last_answered_sent_at, length(chats.last_answered_message_id), chats.last_answered_message_id)
         < (EXCLUDED.last_answered_sent_at, length(EXCLUDED.last_answered_message_id),
-           EXCLUDED.last_answered_message_id)
+           EXCLUDED.last_answered_message_id);
+END
 $$;
 
 -- The messages of a job, in platform order, one row each (position from 1).
@@ -61,17 +69,33 @@ RETURNS TABLE (outcome text, reason text, platform text, account_id text, chat_i
                pos bigint, operation_id uuid, message_id text, text text, sent_at timestamptz,
                received_at timestamptz)
 LANGUAGE plpgsql AS $$
+-- Every table access below is a primary-key lookup with a scalar key, one per message
+-- (or an insert from a local array), so the plan cached for each statement is an index
+-- lookup whatever the tables held when it was made. A statement over an array of keys
+-- would be planned anew on each call (0.3-0.5 ms, measured), or, once cached while the
+-- tables were nearly empty, keep scanning them as they grow.
 #variable_conflict use_column
 DECLARE
     j record;
-    ids uuid[];
-    stale uuid[];
-    covered uuid[];
+    o record;
+    v uuid;
+    holder uuid;
+    holder_status text;
+    last_sent timestamptz;
+    last_id text;
+    ids uuid[] := '{}';
+    stale uuid[] := '{}';
+    covered uuid[] := '{}';
     taken uuid[];
     keep uuid[];
+    m_ids uuid[] := '{}';
+    m_message_ids text[] := '{}';
+    m_texts text[] := '{}';
+    m_sent timestamptz[] := '{}';
+    m_received timestamptz[] := '{}';
     first_received timestamptz;
-    roles text[];
-    texts text[];
+    roles text[] := '{}';
+    texts text[] := '{}';
 BEGIN
     IF NOT pg_try_advisory_lock(p_lock_key) THEN
         RETURN QUERY SELECT 'busy', NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,
@@ -87,103 +111,135 @@ BEGIN
     FOR UPDATE OF r;
     IF NOT FOUND THEN
         RETURN QUERY SELECT 'missing', NULL::text, NULL::text, NULL::text, NULL::text, NULL::text, NULL::text,
-                            NULL::timestamptz, NULL::text[], NULL::text[], NULL::bigint, NULL::uuid, NULL::text, NULL::text,
-                            NULL::timestamptz, NULL::timestamptz;
+                            NULL::timestamptz, NULL::text[], NULL::text[], NULL::bigint, NULL::uuid, NULL::text,
+                            NULL::text, NULL::timestamptz, NULL::timestamptz;
         RETURN;
     END IF;
     IF j.status IN ('sent', 'failed', 'needs_review', 'superseded') THEN
         RETURN QUERY SELECT 'skip', 'job already ' || j.status, j.platform, j.account_id, j.chat_id,
-                            NULL::text, NULL::text, NULL::timestamptz, NULL::text[], NULL::text[], NULL::bigint, NULL::uuid, NULL::text,
-                            NULL::text, NULL::timestamptz, NULL::timestamptz;
+                            NULL::text, NULL::text, NULL::timestamptz, NULL::text[], NULL::text[], NULL::bigint,
+                            NULL::uuid, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz;
         RETURN;
     END IF;
-    SELECT coalesce(array_agg(o.id), '{}') INTO ids FROM operations o WHERE o.id = ANY(j.operation_ids);
     UPDATE reply_jobs SET status = 'processing', attempts = p_attempt, updated_at = now() WHERE id = p_job;
 
-    IF j.d_status IN ('sending', 'unknown') THEN
-        RETURN QUERY SELECT 'reconcile', NULL::text, j.platform, j.account_id, j.chat_id,
-                            j.d_status, j.d_text, j.d_started, NULL::text[], NULL::text[], m.*
-                     FROM chatq_job_messages(ids) m ORDER BY m.pos;
-        RETURN;
-    END IF;
-
-    -- Answered already: held by a sent job, or not after the chat's last answered message.
-    SELECT coalesce(array_agg(a.id), '{}'), coalesce(array_agg(a.id) FILTER (WHERE a.covered), '{}')
-    INTO stale, covered
-    FROM (
-        SELECT o.id, o.sent_at, o.message_id,
-               EXISTS (SELECT 1 FROM reply_coverage rc JOIN reply_jobs s ON s.id = rc.job_id
-                       WHERE rc.operation_id = o.id AND s.status = 'sent') AS covered
-        FROM operations o WHERE o.id = ANY(ids)
-    ) a
-    WHERE a.covered
-       OR EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = j.chat_key
-                  AND (a.sent_at, length(a.message_id), a.message_id)
-                      <= (c.last_answered_sent_at, length(c.last_answered_message_id), c.last_answered_message_id));
-
-    IF cardinality(stale) = cardinality(ids) THEN
-        UPDATE reply_jobs SET status = 'superseded', updated_at = now() WHERE id = p_job;
-        UPDATE operations SET status = 'ignored', updated_at = now(),
-               status_reason = CASE WHEN id = ANY(covered)
-                   THEN 'already answered by an earlier reply'
-                   ELSE 'arrived after a reply to a later message of this chat' END
-        WHERE id = ANY(ids) AND status NOT IN ('replied', 'ignored');
-        RETURN QUERY SELECT 'skip', 'every message was already answered', j.platform, j.account_id, j.chat_id,
-                            NULL::text, NULL::text, NULL::timestamptz, NULL::text[], NULL::text[], NULL::bigint, NULL::uuid, NULL::text,
-                            NULL::text, NULL::timestamptz, NULL::timestamptz;
-        RETURN;
-    END IF;
-
-    -- Take the messages for this job; one another job already holds is not ours to answer
-    -- (the primary key decides, whatever race brought it here twice).
-    WITH ins AS (
-        INSERT INTO reply_coverage (operation_id, job_id)
-        SELECT x, p_job FROM unnest(ids) AS x WHERE x <> ALL(stale)
-        ON CONFLICT (operation_id) DO UPDATE SET job_id = reply_coverage.job_id
-        RETURNING reply_coverage.operation_id AS op, reply_coverage.job_id AS holder
-    )
-    SELECT coalesce(array_agg(op) FILTER (WHERE holder <> p_job), '{}') INTO taken FROM ins;
-
-    keep := ARRAY(SELECT x FROM unnest(ids) AS x WHERE x <> ALL(stale) AND x <> ALL(taken));
-    IF cardinality(stale) > 0 OR cardinality(taken) > 0 THEN
-        -- Late messages (older than a reply already sent) would reorder the chat; messages
-        -- another reply holds would be answered twice. The job keeps the rest.
-        UPDATE operations SET status = 'ignored', job_id = NULL, updated_at = now(),
-               status_reason = 'arrived after a reply to a later message of this chat'
-        WHERE id = ANY(stale) AND status NOT IN ('replied', 'ignored');
-        IF cardinality(keep) = 0 THEN
-            UPDATE reply_jobs SET status = 'superseded', updated_at = now() WHERE id = p_job;
-            RETURN QUERY SELECT 'skip', 'every message is answered or held by another reply', j.platform,
-                                j.account_id, j.chat_id, NULL::text, NULL::text, NULL::timestamptz,
-                                NULL::text[], NULL::text[], NULL::bigint, NULL::uuid, NULL::text, NULL::text, NULL::timestamptz,
-                                NULL::timestamptz;
-            RETURN;
+    -- The job's messages, and which are answered already: held by a sent job, or not after
+    -- the chat's last answered message (platform order).
+    SELECT c.last_answered_sent_at, c.last_answered_message_id INTO last_sent, last_id
+    FROM chats c WHERE c.chat_key = j.chat_key;
+    FOREACH v IN ARRAY j.operation_ids LOOP
+        SELECT op.sent_at, op.message_id, op.text, op.received_at INTO o FROM operations op WHERE op.id = v;
+        CONTINUE WHEN NOT FOUND;
+        ids := ids || v;
+        m_ids := m_ids || v;
+        m_message_ids := m_message_ids || o.message_id;
+        m_texts := m_texts || o.text;
+        m_sent := m_sent || coalesce(o.sent_at, o.received_at);
+        m_received := m_received || o.received_at;
+        first_received := least(first_received, o.received_at);
+        SELECT rc.job_id INTO holder FROM reply_coverage rc WHERE rc.operation_id = v;
+        IF FOUND AND holder <> p_job THEN
+            SELECT s.status INTO holder_status FROM reply_jobs s WHERE s.id = holder;
+            IF holder_status = 'sent' THEN
+                covered := covered || v;
+                stale := stale || v;
+                CONTINUE;
+            END IF;
         END IF;
-        UPDATE reply_jobs
-        SET operation_ids = ARRAY(SELECT m.operation_id FROM chatq_job_messages(keep) m ORDER BY m.pos)
-        WHERE id = p_job;
-    END IF;
-    UPDATE operations SET status = 'replying', updated_at = now()
-    WHERE id = ANY(keep) AND status IN ('accepted', 'queued', 'waiting', 'replying');
+        IF (o.sent_at, length(o.message_id), o.message_id) <= (last_sent, length(last_id), last_id) THEN
+            stale := stale || v;
+        END IF;
+    END LOOP;
 
-    -- The conversation so far, for the model: turns received before this job's first message.
-    SELECT m.received_at INTO first_received FROM chatq_job_messages(keep) m ORDER BY m.pos LIMIT 1;
-    SELECT coalesce(array_agg(t.role ORDER BY t.at), '{}'), coalesce(array_agg(t.body ORDER BY t.at), '{}')
-    INTO roles, texts
-    FROM (
-        SELECT h.role, h.body, h.at FROM (
-            SELECT 'buyer' AS role, o.text AS body, o.received_at AS at FROM operations o
-            WHERE o.platform = j.platform AND o.account_id = j.account_id AND o.chat_id = j.chat_id
-              AND o.status = 'replied' AND o.received_at < first_received
-            UNION ALL
-            SELECT 'bot', s.reply_text, s.sent_at FROM reply_jobs s
-            WHERE s.chat_key = j.chat_key AND s.status = 'sent' AND s.sent_at < first_received
-        ) h
-        ORDER BY h.at DESC LIMIT greatest(p_history, 0)
-    ) t;
-    RETURN QUERY SELECT 'claimed', NULL::text, j.platform, j.account_id, j.chat_id, NULL::text, NULL::text,
-                        NULL::timestamptz, roles, texts, m.*
-                 FROM chatq_job_messages(keep) m ORDER BY m.pos;
+    IF j.d_status IN ('sending', 'unknown') THEN
+        keep := ids;
+    ELSIF cardinality(stale) = cardinality(ids) THEN
+        UPDATE reply_jobs SET status = 'superseded', updated_at = now() WHERE id = p_job;
+        FOREACH v IN ARRAY ids LOOP
+            UPDATE operations SET status = 'ignored', updated_at = now(),
+                   status_reason = CASE WHEN v = ANY(covered)
+                       THEN 'already answered by an earlier reply'
+                       ELSE 'arrived after a reply to a later message of this chat' END
+            WHERE id = v AND status NOT IN ('replied', 'ignored');
+        END LOOP;
+        RETURN QUERY SELECT 'skip', 'every message was already answered', j.platform, j.account_id, j.chat_id,
+                            NULL::text, NULL::text, NULL::timestamptz, NULL::text[], NULL::text[], NULL::bigint,
+                            NULL::uuid, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz;
+        RETURN;
+    ELSE
+        -- Take the messages for this job; one another job already holds is not ours to
+        -- answer (the primary key decides, whatever race brought it here twice).
+        WITH ins AS (
+            INSERT INTO reply_coverage (operation_id, job_id)
+            SELECT x, p_job FROM unnest(ids) AS x WHERE x <> ALL(stale)
+            ON CONFLICT (operation_id) DO UPDATE SET job_id = reply_coverage.job_id
+            RETURNING reply_coverage.operation_id AS op, reply_coverage.job_id AS holder
+        )
+        SELECT coalesce(array_agg(op) FILTER (WHERE holder <> p_job), '{}') INTO taken FROM ins;
+
+        keep := ARRAY(SELECT x FROM unnest(ids) AS x WHERE x <> ALL(stale) AND x <> ALL(taken));
+        IF cardinality(stale) > 0 OR cardinality(taken) > 0 THEN
+            -- Late messages (older than a reply already sent) would reorder the chat;
+            -- messages another reply holds would be answered twice. The job keeps the rest.
+            FOREACH v IN ARRAY stale LOOP
+                UPDATE operations SET status = 'ignored', job_id = NULL, updated_at = now(),
+                       status_reason = 'arrived after a reply to a later message of this chat'
+                WHERE id = v AND status NOT IN ('replied', 'ignored');
+            END LOOP;
+            IF cardinality(keep) = 0 THEN
+                UPDATE reply_jobs SET status = 'superseded', updated_at = now() WHERE id = p_job;
+                RETURN QUERY SELECT 'skip', 'every message is answered or held by another reply', j.platform,
+                                    j.account_id, j.chat_id, NULL::text, NULL::text, NULL::timestamptz,
+                                    NULL::text[], NULL::text[], NULL::bigint, NULL::uuid, NULL::text, NULL::text,
+                                    NULL::timestamptz, NULL::timestamptz;
+                RETURN;
+            END IF;
+            UPDATE reply_jobs
+            SET operation_ids = ARRAY(
+                SELECT t.id FROM unnest(m_ids, m_message_ids, m_sent, m_received) AS t(id, mid, sent, recv)
+                WHERE t.id = ANY(keep) ORDER BY t.sent, length(t.mid), t.mid, t.recv)
+            WHERE id = p_job;
+        END IF;
+        FOREACH v IN ARRAY keep LOOP
+            UPDATE operations SET status = 'replying', updated_at = now()
+            WHERE id = v AND status IN ('accepted', 'queued', 'waiting', 'replying');
+        END LOOP;
+
+        -- The conversation so far, for the model: turns before this job's messages. A chat
+        -- with no reply yet (no chats row) has none. Planned for its values each time
+        -- (EXECUTE): its best plan depends on how much the chat has said.
+        IF p_history > 0 AND last_sent IS NOT NULL THEN
+            EXECUTE $q$
+                SELECT coalesce(array_agg(t.role ORDER BY t.at), '{}'), coalesce(array_agg(t.body ORDER BY t.at), '{}')
+                FROM (
+                    SELECT h.role, h.body, h.at FROM (
+                        SELECT 'buyer' AS role, o.text AS body, o.received_at AS at FROM operations o
+                        WHERE o.platform = $1 AND o.account_id = $2 AND o.chat_id = $3
+                          AND o.status = 'replied' AND o.received_at < $4
+                        UNION ALL
+                        SELECT 'bot', s.reply_text, s.sent_at FROM reply_jobs s
+                        WHERE s.chat_key = $5 AND s.status = 'sent' AND s.sent_at < $4
+                    ) h
+                    ORDER BY h.at DESC LIMIT $6
+                ) t
+            $q$ INTO roles, texts
+            USING j.platform, j.account_id, j.chat_id, first_received, j.chat_key, p_history;
+        END IF;
+    END IF;
+
+    -- The messages kept, in platform order, from what was read above (no table access).
+    RETURN QUERY
+        SELECT CASE WHEN j.d_status IN ('sending', 'unknown') THEN 'reconcile' ELSE 'claimed' END,
+               NULL::text, j.platform, j.account_id, j.chat_id,
+               CASE WHEN j.d_status IN ('sending', 'unknown') THEN j.d_status END,
+               CASE WHEN j.d_status IN ('sending', 'unknown') THEN j.d_text END,
+               CASE WHEN j.d_status IN ('sending', 'unknown') THEN j.d_started END,
+               roles, texts,
+               row_number() OVER w, t.id, t.mid, t.body, t.sent, t.recv
+        FROM unnest(m_ids, m_message_ids, m_texts, m_sent, m_received) AS t(id, mid, body, sent, recv)
+        WHERE t.id = ANY(keep)
+        WINDOW w AS (ORDER BY t.sent, length(t.mid), t.mid, t.recv)
+        ORDER BY t.sent, length(t.mid), t.mid, t.recv;
 END
 $$;
 
@@ -243,7 +299,9 @@ LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     j record;
-    received timestamptz[];
+    v uuid;
+    recv_at timestamptz;
+    received timestamptz[] := '{}';
 BEGIN
     UPDATE reply_jobs r SET status = 'sent', reply_text = p_text, platform_message_id = p_platform_message_id,
            sent_at = clock_timestamp(), error_kind = NULL, error_message = NULL, updated_at = now()
@@ -256,12 +314,15 @@ BEGIN
            error = NULL
     WHERE d.job_id = p_job;
     PERFORM chatq_advance_last_answered(j.chat_key, p_last_sent_at, p_last_message_id, j.at, p_job);
-    WITH u AS (
+    -- One key lookup per operation (see chatq_claim_job on plans over arrays of keys).
+    FOREACH v IN ARRAY j.operation_ids LOOP
         UPDATE operations o SET status = 'replied', status_reason = NULL, updated_at = j.at
-        WHERE o.id = ANY(j.operation_ids) AND o.status <> 'replied'
-        RETURNING o.received_at AS r
-    )
-    SELECT coalesce(array_agg(u.r), '{}') INTO received FROM u;
+        WHERE o.id = v AND o.status <> 'replied'
+        RETURNING o.received_at INTO recv_at;
+        IF FOUND THEN
+            received := received || recv_at;
+        END IF;
+    END LOOP;
     PERFORM pg_advisory_unlock(p_lock_key);
     RETURN QUERY SELECT j.at, received;
 END

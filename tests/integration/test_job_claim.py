@@ -291,6 +291,11 @@ async def test_recording_the_reply_releases_the_job_for_a_copy_that_then_skips_i
 
 
 async def test_a_claim_brings_the_chats_earlier_turns_oldest_first(pool):
+    first_contact = await operation(pool, "0", at=T0 - timedelta(seconds=30))
+    first_job = await job(pool, [first_contact])
+    assert (await claim(pool, first_job)).history == ()  # no reply in this chat yet
+    await pool.execute("UPDATE reply_jobs SET status = 'superseded' WHERE id = $1", first_job)
+
     earlier = await operation(pool, "1", at=T0)
     sent = await job(pool, [earlier], status="sent")
     await pool.execute("UPDATE operations SET status = 'replied' WHERE id = $1", earlier)
@@ -299,6 +304,7 @@ async def test_a_claim_brings_the_chats_earlier_turns_oldest_first(pool):
         sent,
         T0 + timedelta(seconds=2),
     )
+    await pool.execute("SELECT chatq_advance_last_answered($1, $2, '1', $3, $4)", CHAT, T0, T0, sent)
     now = await operation(pool, "2", at=T0 + timedelta(seconds=10))
     job_id = await job(pool, [now])
 
