@@ -211,11 +211,11 @@ async def measure(
             # requests so that together they offer about 0.5x the rate just measured.
             target = full["rps"] / 2
             delay = light_conn * 1000 / target
-            # Each connection's cycle is its pause plus the response time: a short run
-            # measures the latter, and the pause is shortened by it.
-            trial = wrk(receiver.url, paced_lua(WRK_SCRIPT, delay), light_conn, 3, threads=2)
-            response_ms = max(light_conn * 1000 / max(trial["rps"], 1) - delay, 0.0)
-            delay = max(delay - response_ms, 0.0)
+            # Each connection's cycle is its pause plus the response time: short trials
+            # scale the pause until the offered rate is about the target.
+            for _ in range(2):  # two short trials: the response time grows with the rate
+                trial = wrk(receiver.url, paced_lua(WRK_SCRIPT, delay), light_conn, 3, threads=2)
+                delay = max(delay * trial["rps"] / target, 0.0)
             light = wrk(receiver.url, paced_lua(WRK_SCRIPT, delay), light_conn, args.seconds, threads=2)
             rounds.append(
                 {"receiver": full, "pgbench": bench_pg, "receiver_light": {**light, "target_rps": target}}
