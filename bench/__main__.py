@@ -15,10 +15,10 @@ import json
 import subprocess
 import sys
 import time
-from pathlib import Path
 from typing import Any
 
-RESULTS = Path(__file__).resolve().parent / "results"
+from bench.support import RESULTS
+
 STEPS = {
     "intake": ["bench.intake"],
     "relay": ["bench.relay"],

@@ -17,9 +17,8 @@ import asyncio
 import json
 import statistics
 import time
-from pathlib import Path
 
-from bench.support import add_infra_arguments, drop_database, fresh_database, private_vhost
+from bench.support import RESULTS, add_infra_arguments, drop_database, fresh_database, private_vhost
 from services.coalescer.service import _CLAIM_DUE, Coalescer
 from services.coalescer.windows import WindowPolicy
 from shared.broker.connection import BrokerConnection
@@ -27,8 +26,6 @@ from shared.broker.publisher import ConfirmingPublisher
 from shared.broker.topology import build_topology
 from shared.db import create_pool
 from shared.outbox import Relay
-
-RESULTS = Path(__file__).resolve().parent / "results"
 
 SEED = """
 INSERT INTO operations (id, platform, account_id, chat_id, message_id, author_id, text, sent_at, status,

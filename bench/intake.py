@@ -23,16 +23,15 @@ from urllib.parse import urlsplit
 
 import asyncpg
 
-from bench.support import add_infra_arguments, drop_database, fresh_database, private_vhost
+from bench.support import RESULTS, add_infra_arguments, drop_database, fresh_database, private_vhost
 from shared.settings import Settings
 from tests.support.processes import Receiver
 
 ROOT = Path(__file__).resolve().parents[1]
-RESULTS = ROOT / "bench" / "results"
 SECRET = "bench-secret"
 TEXT = "Hello! Is the bike still available, and do you deliver to Kazan?"
 
-WRK_SCRIPT = r"""
+_WRK_TEMPLATE = r"""
 local counter = 0
 local threads = 0
 -- Every run and thread gets its own id range, so no request repeats an earlier one.
@@ -45,11 +44,20 @@ end
 request = function()
   counter = counter + 1
   local id = base + tid * 100000000 + counter
-  local chat = id % 5000
+  local chat = CHAT
   local body = string.format('{"update_id":%d,"message":{"message_id":%d,"from":{"id":%d,"is_bot":false,"first_name":"Buyer"},"chat":{"id":%d,"type":"private"},"date":1764400000,"text":"TEXT"}}', id, id, chat, chat)
   return wrk.format("POST", "/v1/webhooks/telegram", {["Content-Type"]="application/json", ["X-Telegram-Bot-Api-Secret-Token"]="SECRET"}, body)
 end
-""".replace("TEXT", TEXT).replace("SECRET", SECRET)
+"""
+
+
+def telegram_script(*, chat: str, text: str) -> str:
+    """A wrk script posting Telegram updates with unique ids; ``chat`` is a Lua expression
+    of ``id`` (``"id"``: a chat per message)."""
+    return _WRK_TEMPLATE.replace("CHAT", chat).replace("TEXT", text).replace("SECRET", SECRET)
+
+
+WRK_SCRIPT = telegram_script(chat="id % 5000", text=TEXT)
 
 # The receiver's statement (services/receiver/intake.py), with pgbench variables.
 PGBENCH_SCRIPT = """
@@ -139,10 +147,13 @@ def pgbench(db_url: str, name: str, script: str, connections: int, seconds: int)
     return parse_pgbench(out.stdout)
 
 
-def paced_lua(script: str, delay_ms: float) -> str:
-    """The wrk script with a pause of ``delay_ms`` before each request of a connection."""
+def lua_file(script: str, delay_ms: float | None = None) -> str:
+    """The wrk script in a file, with a pause of ``delay_ms`` before each request of a
+    connection when given."""
     with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(script + f"\ndelay = function() return {delay_ms:.2f} end\n")
+        f.write(script)
+        if delay_ms is not None:
+            f.write(f"\ndelay = function() return {delay_ms:.2f} end\n")
         return f.name
 
 
@@ -184,9 +195,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
 async def measure(
     args: argparse.Namespace, db_url: str, amqp_url: str, pg_url: str, pg_name: str
 ) -> dict[str, object]:
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(WRK_SCRIPT)
-        lua = f.name
+    lua = lua_file(WRK_SCRIPT)
     with tempfile.NamedTemporaryFile("w", suffix=".sql", delete=False) as f:
         f.write(PGBENCH_SCRIPT)
         script = f.name
@@ -214,9 +223,9 @@ async def measure(
             # Each connection's cycle is its pause plus the response time: short trials
             # scale the pause until the offered rate is about the target.
             for _ in range(2):  # two short trials: the response time grows with the rate
-                trial = wrk(receiver.url, paced_lua(WRK_SCRIPT, delay), light_conn, 3, threads=2)
+                trial = wrk(receiver.url, lua_file(WRK_SCRIPT, delay), light_conn, 3, threads=2)
                 delay = max(delay * trial["rps"] / target, 0.0)
-            light = wrk(receiver.url, paced_lua(WRK_SCRIPT, delay), light_conn, args.seconds, threads=2)
+            light = wrk(receiver.url, lua_file(WRK_SCRIPT, delay), light_conn, args.seconds, threads=2)
             rounds.append(
                 {"receiver": full, "pgbench": bench_pg, "receiver_light": {**light, "target_rps": target}}
             )

@@ -16,10 +16,8 @@ from __future__ import annotations
 import argparse
 import asyncio
 import contextlib
-import json
 import os
 import sys
-import tempfile
 import time
 from collections.abc import AsyncIterator
 from pathlib import Path
@@ -28,37 +26,15 @@ from typing import Any
 import asyncpg
 import httpx
 
-from bench.intake import RESULTS, ROOT, SECRET, wrk
+from bench.intake import ROOT, SECRET, lua_file, telegram_script, wrk
 from bench.peers import POLLING_SCHEMA
-from bench.support import add_infra_arguments, drop_database, fresh_database, private_vhost
+from bench.support import add_infra_arguments, bench_main, drop_database, fresh_database, private_vhost
 from shared.settings import Settings
 from tests.fakes.platforms import FakeWorld, running_fakes
 from tests.support.processes import Receiver, Worker, free_port
 
-WRK_SCRIPT = r"""
-local counter = 0
-local threads = 0
-local run_base = (os.time() % 1000000) * 1000000000
-setup = function(thread)
-  thread:set("tid", threads)
-  thread:set("base", run_base)
-  threads = threads + 1
-end
-request = function()
-  counter = counter + 1
-  local id = base + tid * 100000000 + counter
-  local body = string.format('{"update_id":%d,"message":{"message_id":%d,"from":{"id":%d,"is_bot":false,"first_name":"Buyer"},"chat":{"id":%d,"type":"private"},"date":1764400000,"text":"Is it still available?"}}', id, id, id, id)
-  return wrk.format("POST", "/v1/webhooks/telegram", {["Content-Type"]="application/json", ["X-Telegram-Bot-Api-Secret-Token"]="SECRET"}, body)
-end
-DELAY
-""".replace("SECRET", SECRET)
-
-
-def lua_file(delay_ms: float | None = None) -> str:
-    extra = f"delay = function() return {delay_ms:.1f} end" if delay_ms else ""
-    with tempfile.NamedTemporaryFile("w", suffix=".lua", delete=False) as f:
-        f.write(WRK_SCRIPT.replace("DELAY", extra))
-        return f.name
+# One chat per message, so every system sends exactly one reply per message.
+WRK_SCRIPT = telegram_script(chat="id", text="Is it still available?")
 
 
 def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
@@ -198,7 +174,7 @@ async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any
             await p.start()
         try:
             pids = {name: p.proc.pid for name, p in procs.items() if p.proc}
-            saturated = await load(procs["receiver"].url, world, args, lua_file(), pids=pids)
+            saturated = await load(procs["receiver"].url, world, args, lua_file(WRK_SCRIPT), pids=pids)
             # Latency at half the sustained rate (paced: each connection waits between requests).
             rate = max(saturated["throughput"] / 2, 1)
             paced_conns = 4
@@ -208,7 +184,7 @@ async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any
                 procs["receiver"].url,
                 world,
                 args,
-                lua_file(paced_conns * 1000 / rate),
+                lua_file(WRK_SCRIPT, paced_conns * 1000 / rate),
                 connections=paced_conns,
             )
             row = await conn.fetchrow(
@@ -300,7 +276,9 @@ async def peer(kind: str, args: argparse.Namespace, world: FakeWorld) -> dict[st
             url = f"http://127.0.0.1:{port}"
             await _wait_http(f"{url}/openapi.json")
             await asyncio.sleep(2)  # let the worker attach to its queue or table
-            result = await load(url, world, args, lua_file(), pids={n: p.pid for n, p in procs.items()})
+            result = await load(
+                url, world, args, lua_file(WRK_SCRIPT), pids={n: p.pid for n, p in procs.items()}
+            )
             result["peak_rss_mb"] = {name: peak_rss_mb(p.pid) for name, p in procs.items()}
             return result
         finally:
@@ -338,12 +316,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    args = p.parse_args()
-    result = asyncio.run(run(args))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "pipeline.json").write_text(json.dumps(result, indent=2, default=str))
+    bench_main(__doc__, add_arguments, run, "pipeline.json")
 
 
 if __name__ == "__main__":

@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import statistics
 import time
 from typing import Any
@@ -17,8 +16,7 @@ from typing import Any
 import aio_pika
 import asyncpg
 
-from bench.intake import RESULTS
-from bench.support import add_infra_arguments, drop_database, fresh_database, private_vhost
+from bench.support import add_infra_arguments, bench_main, drop_database, fresh_database, private_vhost
 from shared.broker.connection import BrokerConnection
 from shared.broker.topology import COALESCER_QUEUE, INBOUND_EXCHANGE, build_topology
 from shared.db import create_pool
@@ -176,12 +174,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    args = p.parse_args()
-    result = asyncio.run(run(args))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "relay.json").write_text(json.dumps(result, indent=2))
+    bench_main(__doc__, add_arguments, run, "relay.json")
 
 
 if __name__ == "__main__":

@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import time
 from typing import Any
 
@@ -23,9 +22,9 @@ import aio_pika
 import asyncpg
 import httpx
 
-from bench.intake import RESULTS, wrk
-from bench.pipeline import fresh, instant_settings, lua_file
-from bench.support import add_infra_arguments
+from bench.intake import lua_file, wrk
+from bench.pipeline import WRK_SCRIPT, fresh, instant_settings
+from bench.support import add_infra_arguments, bench_main
 from shared.broker.topology import RESPONDER_QUEUE
 from shared.settings import Settings
 from tests.fakes.platforms import FakeWorld, running_fakes
@@ -46,7 +45,7 @@ async def responder_round(args: argparse.Namespace, world: FakeWorld) -> dict[st
         receiver = await Receiver(settings).start()
         coalescer = await Worker("coalescer", settings).start()
         try:
-            result = await asyncio.to_thread(wrk, receiver.url, lua_file(), 8, args.fill_seconds)
+            result = await asyncio.to_thread(wrk, receiver.url, lua_file(WRK_SCRIPT), 8, args.fill_seconds)
             accepted = result["requests"] - result["non_2xx"]
             deadline = time.monotonic() + 300
             while (depth := await queue_depth(amqp_url, RESPONDER_QUEUE)) < accepted:
@@ -174,12 +173,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
-    add_arguments(p)
-    args = p.parse_args()
-    result = asyncio.run(run(args))
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "responder.json").write_text(json.dumps(result, indent=2))
+    bench_main(__doc__, add_arguments, run, "responder.json")
 
 
 if __name__ == "__main__":

@@ -1,12 +1,17 @@
 """What every benchmark needs: a fresh database and a private RabbitMQ vhost, removed
-afterwards, so a run never leaves work behind for the services on this machine."""
+afterwards, so a run never leaves work behind for the services on this machine; and the
+command line around a benchmark's run."""
 
 from __future__ import annotations
 
 import argparse
+import asyncio
 import contextlib
+import json
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
+from pathlib import Path
+from typing import Any
 from urllib.parse import quote, urlsplit, urlunsplit
 
 import asyncpg
@@ -64,3 +69,20 @@ def add_infra_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     parser.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
     parser.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
+
+
+RESULTS = Path(__file__).resolve().parent / "results"
+
+
+def bench_main(
+    doc: str | None,
+    add_arguments: Callable[[argparse.ArgumentParser], None],
+    run: Callable[[argparse.Namespace], Awaitable[dict[str, Any]]],
+    result_file: str,
+) -> None:
+    """``python -m bench.<step>``: parse the step's arguments, run it, write its JSON."""
+    parser = argparse.ArgumentParser(description=doc, formatter_class=argparse.RawDescriptionHelpFormatter)
+    add_arguments(parser)
+    result = asyncio.run(run(parser.parse_args()))  # type: ignore[arg-type]
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / result_file).write_text(json.dumps(result, indent=2, default=str))

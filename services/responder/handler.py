@@ -85,7 +85,7 @@ class Responder:
                 await self._failed(db, job, failure, stage="model")
                 return
         else:
-            await db.record_intent(job.job_id, text, attempt)
+            await db.before_send(job, text, attempt, fold=False)
         try:
             sent = await platform.send(job.account_id, job.chat_id, text, key=str(job.job_id))
         except Failure as failure:
@@ -105,7 +105,7 @@ class Responder:
     async def _generate(self, db: JobSession, job: Job, platform: Platform, attempt: int) -> tuple[Job, str]:
         """Write the reply; fold in messages that arrived meanwhile and write again (at most
         fold_max_rounds times); return with the delivery intent recorded."""
-        text = cut(await self._writer.write(job.history, [m.text for m in job.messages]), platform.max_text)
+        text = await self._write(job, platform)
         fault_point("responder.after_generate")
         for round_ in range(self._fold_max_rounds + 1):
             folded = await db.before_send(job, text, attempt, fold=round_ < self._fold_max_rounds)
@@ -117,10 +117,11 @@ class Responder:
                 len(folded.messages) - len(job.messages),
             )
             job = folded
-            text = cut(
-                await self._writer.write(job.history, [m.text for m in job.messages]), platform.max_text
-            )
+            text = await self._write(job, platform)
         return job, text
+
+    async def _write(self, job: Job, platform: Platform) -> str:
+        return cut(await self._writer.write(job.history, [m.text for m in job.messages]), platform.max_text)
 
     async def _failed(self, db: JobSession, job: Job, failure: Failure, *, stage: str) -> None:
         """A failure before anything was sent: retry later, or give up for good."""

@@ -185,12 +185,6 @@ class JobSession:
         merged = sorted((*job.messages, *(_message(r) for r in rows)), key=_platform_order)
         return replace(job, messages=tuple(merged))
 
-    async def record_intent(self, job_id: uuid.UUID, text: str, attempt: int) -> None:
-        """Committed before the platform is called: from now on the send may have happened."""
-        await self._conn.execute(
-            "SELECT count(*) FROM chatq_before_send($1, '', $2, $3, false)", job_id, text, attempt
-        )
-
     async def record_delivery(self, job_id: uuid.UUID, status: str, error: str) -> None:
         await self._conn.execute(
             "UPDATE deliveries SET status = $2, error = $3, finished_at = now() WHERE job_id = $1",

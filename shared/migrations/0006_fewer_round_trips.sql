@@ -88,7 +88,6 @@ DECLARE
     covered uuid[] := '{}';
     taken uuid[];
     keep uuid[];
-    m_ids uuid[] := '{}';
     m_message_ids text[] := '{}';
     m_texts text[] := '{}';
     m_sent timestamptz[] := '{}';
@@ -131,7 +130,6 @@ BEGIN
         SELECT op.sent_at, op.message_id, op.text, op.received_at INTO o FROM operations op WHERE op.id = v;
         CONTINUE WHEN NOT FOUND;
         ids := ids || v;
-        m_ids := m_ids || v;
         m_message_ids := m_message_ids || o.message_id;
         m_texts := m_texts || o.text;
         m_sent := m_sent || coalesce(o.sent_at, o.received_at);
@@ -196,7 +194,7 @@ BEGIN
             END IF;
             UPDATE reply_jobs
             SET operation_ids = ARRAY(
-                SELECT t.id FROM unnest(m_ids, m_message_ids, m_sent, m_received) AS t(id, mid, sent, recv)
+                SELECT t.id FROM unnest(ids, m_message_ids, m_sent, m_received) AS t(id, mid, sent, recv)
                 WHERE t.id = ANY(keep) ORDER BY t.sent, length(t.mid), t.mid, t.recv)
             WHERE id = p_job;
         END IF;
@@ -236,7 +234,7 @@ BEGIN
                CASE WHEN j.d_status IN ('sending', 'unknown') THEN j.d_started END,
                roles, texts,
                row_number() OVER w, t.id, t.mid, t.body, t.sent, t.recv
-        FROM unnest(m_ids, m_message_ids, m_texts, m_sent, m_received) AS t(id, mid, body, sent, recv)
+        FROM unnest(ids, m_message_ids, m_texts, m_sent, m_received) AS t(id, mid, body, sent, recv)
         WHERE t.id = ANY(keep)
         WINDOW w AS (ORDER BY t.sent, length(t.mid), t.mid, t.recv)
         ORDER BY t.sent, length(t.mid), t.mid, t.recv;

@@ -188,8 +188,9 @@ async def test_a_job_with_an_interrupted_send_is_reconciled_with_the_text_it_was
     op = await operation(pool, "1", at=T0)
     job_id = await job(pool, [op])
     async with JobStore(pool).exclusive(job_id) as db:
-        assert isinstance(await db.claim(job_id, 1), Job)
-        await db.record_intent(job_id, "the reply", 1)
+        claimed = await db.claim(job_id, 1)
+        assert isinstance(claimed, Job)
+        await db.before_send(claimed, "the reply", 1, fold=False)
 
     state = await claim(pool, job_id, attempt=2)
 
@@ -205,7 +206,7 @@ async def test_recording_a_reply_moves_job_delivery_operations_and_last_answered
     async with JobStore(pool).exclusive(job_id) as db:
         claimed = await db.claim(job_id, 1)
         assert isinstance(claimed, Job)
-        await db.record_intent(job_id, "the reply", 1)
+        await db.before_send(claimed, "the reply", 1)
         sent_at = await db.record_sent(claimed, "the reply", "m-9")
 
     row = await pool.fetchrow(
