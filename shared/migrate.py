@@ -1,9 +1,17 @@
-"""Migration runner: numbered plain SQL files, applied once each, under an advisory lock.
+"""Migration runner: tables in numbered SQL files applied once each; functions in files
+re-applied whenever they change. Both under one advisory lock.
 
-Files live in ``shared/migrations`` and are named ``NNNN_description.sql``. Each file runs
-in its own transaction together with the row that records it in ``schema_migrations``.
-An applied file whose content changed is refused: migrations are history, fix forward
-with a new file.
+Tables live in ``shared/migrations`` as ``NNNN_description.sql``. Each file runs in its
+own transaction together with the row that records it in ``schema_migrations``. An
+applied file whose content changed is refused: migrations are history, fix forward with
+a new file.
+
+Functions (and the triggers that call them) live in ``shared/functions`` as
+``NN_aggregate.sql``, one file per aggregate, each the current definition in one piece
+(``CREATE OR REPLACE``). After the migrations, every file whose checksum differs from the
+one recorded in ``schema_functions`` is applied, in name order, in its own transaction:
+editing a function is editing its file. A file that changes a function's signature or
+result type drops the old one first (``DROP FUNCTION IF EXISTS``), in the same file.
 """
 
 from __future__ import annotations
@@ -22,9 +30,11 @@ import asyncpg
 logger = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+FUNCTIONS_DIR = Path(__file__).with_name("functions")
 # Any constant shared by every chatqueue process; pg_advisory_lock takes a bigint.
 ADVISORY_LOCK_KEY = 0x63686174_71756575 & 0x7FFF_FFFF_FFFF_FFFF  # "chatqueu"
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
+_FUNCTION_FILE = re.compile(r"^\d{2}_[a-z0-9_]+\.sql$")
 
 
 class MigrationError(RuntimeError):
@@ -57,8 +67,73 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return migrations
 
 
-async def migrate(conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR) -> list[int]:
-    """Apply pending migrations; return the versions applied now."""
+@dataclass(frozen=True)
+class FunctionFile:
+    name: str
+    sql: str
+
+    @property
+    def checksum(self) -> str:
+        return hashlib.sha256(self.sql.encode()).hexdigest()
+
+
+def load_functions(directory: Path | None = FUNCTIONS_DIR) -> list[FunctionFile]:
+    if directory is None or not directory.is_dir():
+        return []
+    files: list[FunctionFile] = []
+    for path in sorted(directory.iterdir()):
+        if path.suffix != ".sql":
+            continue
+        if not _FUNCTION_FILE.match(path.name):
+            raise MigrationError(f"function file name {path.name!r} is not NN_name.sql")
+        files.append(FunctionFile(path.name, path.read_text()))
+    return files
+
+
+_FUNCTIONS_TABLE = """
+CREATE TABLE IF NOT EXISTS schema_functions (
+    name       text PRIMARY KEY,
+    checksum   text NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now()
+)
+"""
+
+
+async def apply_functions(conn: asyncpg.Connection, directory: Path | None = FUNCTIONS_DIR) -> list[str]:
+    """Apply every function file that changed since it was last applied (caller holds the
+    migration lock). Returns the names applied now."""
+    files = load_functions(directory)
+    await conn.execute(_FUNCTIONS_TABLE)
+    applied = {
+        r["name"]: r["checksum"] for r in await conn.fetch("SELECT name, checksum FROM schema_functions")
+    }
+    done: list[str] = []
+    for f in files:
+        if applied.get(f.name) == f.checksum:
+            continue
+        async with conn.transaction():
+            await conn.execute(f.sql)
+            await conn.execute(
+                """
+                INSERT INTO schema_functions (name, checksum) VALUES ($1, $2)
+                ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()
+                """,
+                f.name,
+                f.checksum,
+            )
+        logger.info("applied functions %s", f.name)
+        done.append(f.name)
+    return done
+
+
+async def migrate(
+    conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR, functions: Path | None = None
+) -> list[int]:
+    """Apply pending migrations, then every changed function file; return the migration
+    versions applied now. ``functions`` defaults to the project's function files when
+    ``directory`` is the project's migrations (and to none for another directory)."""
+    if functions is None and directory == MIGRATIONS_DIR:
+        functions = FUNCTIONS_DIR
     migrations = load_migrations(directory)
     await conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
     try:
@@ -98,6 +173,7 @@ async def migrate(conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR) ->
         unknown = sorted(set(applied) - {m.version for m in migrations})
         if unknown:
             logger.warning("database has migrations this code does not know: %s", unknown)
+        await apply_functions(conn, functions)
         return done
     finally:
         await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
@@ -111,8 +187,9 @@ async def migrate_dsn(dsn: str) -> list[int]:
         await conn.close()
 
 
-async def pending(conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR) -> list[int]:
-    """Versions this code knows that the database has not applied (all, before the first run)."""
+async def pending(conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR) -> list[int | str]:
+    """Migration versions this code knows that the database has not applied (all, before
+    the first run), then the names of function files whose current text is not applied."""
     migrations = load_migrations(directory)
     exists = await conn.fetchval("SELECT to_regclass('schema_migrations') IS NOT NULL")
     applied = (
@@ -126,10 +203,19 @@ async def pending(conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR) ->
     for m in migrations:
         if m.version in applied and applied[m.version] != m.checksum:
             raise MigrationError(f"migration {m.version:04d}_{m.name} differs from the one applied")
-    return [m.version for m in migrations if m.version not in applied]
+    missing: list[int | str] = [m.version for m in migrations if m.version not in applied]
+    if directory != MIGRATIONS_DIR:
+        return missing
+    have = (
+        {r["name"]: r["checksum"] for r in await conn.fetch("SELECT name, checksum FROM schema_functions")}
+        if await conn.fetchval("SELECT to_regclass('schema_functions') IS NOT NULL")
+        else {}
+    )
+    missing += [f.name for f in load_functions() if have.get(f.name) != f.checksum]
+    return missing
 
 
-async def wait_until_current(dsn: str, *, within: float, interval: float = 2.0) -> list[int]:
+async def wait_until_current(dsn: str, *, within: float, interval: float = 2.0) -> list[int | str]:
     """Wait, applying nothing, until the schema has every migration this code knows.
     Returns [] when current, or the versions still pending when ``within`` ran out.
     Kubernetes runs this as an init container while the migration Job does the work."""
@@ -143,7 +229,7 @@ async def wait_until_current(dsn: str, *, within: float, interval: float = 2.0) 
                 await conn.close()
         except (OSError, asyncpg.PostgresError) as exc:
             logger.info("waiting for the database: %s", type(exc).__name__)
-            missing = [-1]
+            missing: list[int | str] = [-1]
         if not missing or asyncio.get_running_loop().time() >= deadline:
             return missing
         await asyncio.sleep(interval)

@@ -8,7 +8,15 @@ from pathlib import Path
 import asyncpg
 import pytest
 
-from shared.migrate import MigrationError, load_migrations, migrate, migrate_dsn, wait_until_current
+from shared.migrate import (
+    MigrationError,
+    apply_functions,
+    load_functions,
+    load_migrations,
+    migrate,
+    migrate_dsn,
+    wait_until_current,
+)
 
 pytestmark = pytest.mark.integration
 
@@ -105,4 +113,58 @@ async def test_waiting_for_the_schema_ends_once_the_migration_job_has_applied_it
 
 async def test_waiting_for_the_schema_gives_up_with_what_is_pending(scratch_db) -> None:
     missing = await wait_until_current(scratch_db, within=0.3, interval=0.1)
-    assert missing == [m.version for m in load_migrations()]
+    assert missing == [m.version for m in load_migrations()] + [f.name for f in load_functions()]
+
+
+async def test_a_function_file_is_applied_again_when_it_changes_and_not_otherwise(
+    scratch_db, tmp_path: Path
+) -> None:
+    migrations, functions = tmp_path / "migrations", tmp_path / "functions"
+    migrations.mkdir()
+    functions.mkdir()
+    write(migrations, "0001_a.sql", "CREATE TABLE a (id int);")
+    write(
+        functions, "10_a.sql", "CREATE OR REPLACE FUNCTION a_answer() RETURNS int LANGUAGE sql AS 'SELECT 1';"
+    )
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        await migrate(conn, migrations, functions)
+        assert await conn.fetchval("SELECT a_answer()") == 1
+        assert await apply_functions(conn, functions) == []  # unchanged: not applied again
+
+        write(
+            functions,
+            "10_a.sql",
+            "CREATE OR REPLACE FUNCTION a_answer() RETURNS int LANGUAGE sql AS 'SELECT 2';",
+        )
+        assert await migrate(conn, migrations, functions) == []  # no migration, but the edit applies
+        assert await conn.fetchval("SELECT a_answer()") == 2
+        recorded = await conn.fetchval("SELECT checksum FROM schema_functions WHERE name = '10_a.sql'")
+        assert recorded == load_functions(functions)[0].checksum
+    finally:
+        await conn.close()
+
+
+async def test_a_function_file_that_fails_leaves_the_previous_definition(scratch_db, tmp_path: Path) -> None:
+    write(
+        tmp_path, "10_a.sql", "CREATE OR REPLACE FUNCTION a_answer() RETURNS int LANGUAGE sql AS 'SELECT 1';"
+    )
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        await apply_functions(conn, tmp_path)
+        write(
+            tmp_path,
+            "10_a.sql",
+            "CREATE OR REPLACE FUNCTION a_answer() RETURNS int LANGUAGE sql AS 'SELECT 2'; SELECT no_such();",
+        )
+        with pytest.raises(asyncpg.UndefinedFunctionError):
+            await apply_functions(conn, tmp_path)
+        assert await conn.fetchval("SELECT a_answer()") == 1
+    finally:
+        await conn.close()
+
+
+def test_badly_named_function_files_are_refused(tmp_path: Path) -> None:
+    write(tmp_path, "claim.sql", "SELECT 1;")
+    with pytest.raises(MigrationError, match=r"NN_name\.sql"):
+        load_functions(tmp_path)

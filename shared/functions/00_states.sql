@@ -1,0 +1,89 @@
+-- Generated from shared/state (python -m shared.state): the transition tables of
+-- shared/state/operation.py and shared/state/job.py. Do not edit by hand.
+
+-- operation: the statuses that may move to p_to.
+CREATE OR REPLACE FUNCTION chatq_operation_sources(p_to text) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE p_to
+        WHEN 'accepted' THEN ARRAY['failed', 'needs_review']::text[]
+        WHEN 'queued' THEN ARRAY['accepted']::text[]
+        WHEN 'waiting' THEN ARRAY['accepted', 'queued']::text[]
+        WHEN 'replying' THEN ARRAY['accepted', 'queued', 'waiting']::text[]
+        WHEN 'replied' THEN ARRAY['accepted', 'queued', 'waiting', 'replying', 'failed', 'needs_review']::text[]
+        WHEN 'failed' THEN ARRAY['accepted', 'queued', 'waiting', 'replying']::text[]
+        WHEN 'needs_review' THEN ARRAY['accepted', 'queued', 'waiting', 'replying']::text[]
+        WHEN 'ignored' THEN ARRAY['failed', 'needs_review']::text[]
+        ELSE '{}'::text[]
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION chatq_check_operation_status() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT (OLD.status = ANY(chatq_operation_sources(NEW.status))) THEN
+        RAISE EXCEPTION 'operation %: status % -> % is not allowed', NEW.id, OLD.status, NEW.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER operations_status_transition
+    BEFORE UPDATE OF status ON operations
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION chatq_check_operation_status();
+
+-- reply job: the statuses that may move to p_to.
+CREATE OR REPLACE FUNCTION chatq_job_sources(p_to text) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE p_to
+        WHEN 'pending' THEN ARRAY['processing']::text[]
+        WHEN 'processing' THEN ARRAY['pending']::text[]
+        WHEN 'sent' THEN ARRAY['processing']::text[]
+        WHEN 'failed' THEN ARRAY['pending', 'processing']::text[]
+        WHEN 'needs_review' THEN ARRAY['pending', 'processing']::text[]
+        WHEN 'superseded' THEN ARRAY['pending', 'processing', 'needs_review']::text[]
+        ELSE '{}'::text[]
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION chatq_check_job_status() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT (OLD.status = ANY(chatq_job_sources(NEW.status))) THEN
+        RAISE EXCEPTION 'reply job %: status % -> % is not allowed', NEW.id, OLD.status, NEW.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER reply_jobs_status_transition
+    BEFORE UPDATE OF status ON reply_jobs
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION chatq_check_job_status();
+
+-- delivery: the statuses that may move to p_to.
+CREATE OR REPLACE FUNCTION chatq_delivery_sources(p_to text) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE p_to
+        WHEN 'sending' THEN ARRAY['unknown', 'not_sent']::text[]
+        WHEN 'sent' THEN ARRAY['sending', 'unknown']::text[]
+        WHEN 'unknown' THEN ARRAY['sending']::text[]
+        WHEN 'not_sent' THEN ARRAY['sending']::text[]
+        ELSE '{}'::text[]
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION chatq_check_delivery_status() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT (OLD.status = ANY(chatq_delivery_sources(NEW.status))) THEN
+        RAISE EXCEPTION 'delivery %: status % -> % is not allowed', NEW.job_id, OLD.status, NEW.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER deliveries_status_transition
+    BEFORE UPDATE OF status ON deliveries
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION chatq_check_delivery_status();

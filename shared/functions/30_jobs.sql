@@ -1,0 +1,340 @@
+-- The reply job aggregate: claim, before send, record, give up. Each is one statement, so
+-- one round trip and one transaction; a reply costs three (claim, before send, record).
+--
+-- Inside the hot functions every table access is a key lookup with a scalar key, so the
+-- plan PL/pgSQL caches per connection is right whatever the tables held when it was made.
+-- Measured (pg_stat_statements, bench.pipeline): statements over arrays of keys were
+-- either planned anew on every call (0.3-0.5 ms each, more than they ran) or, cached
+-- while the tables were nearly empty, kept scanning them as they grew (12 ms a claim).
+--
+-- Status changes follow the tables of shared/state (chatq_*_sources, and the trigger of
+-- 00_states.sql refuses any other). A message is answered when a sent job holds it in
+-- reply_coverage (a primary key: one reply per message, whatever race brought it to two
+-- jobs); nothing else makes a buyer message "answered".
+
+-- The messages of a job, in platform order, one row each (position from 1).
+CREATE OR REPLACE FUNCTION chatq_job_messages(p_ids uuid[])
+RETURNS TABLE (pos bigint, operation_id uuid, message_id text, text text, sent_at timestamptz,
+               received_at timestamptz)
+LANGUAGE sql STABLE AS $$
+    SELECT row_number() OVER w, o.id, o.message_id, o.text, coalesce(o.sent_at, o.received_at), o.received_at
+    FROM operations o
+    WHERE o.id = ANY(p_ids)
+    WINDOW w AS (ORDER BY coalesce(o.sent_at, o.received_at), length(o.message_id), o.message_id, o.received_at)
+$$;
+
+-- Claim a job for an attempt, taking every decision before any side effect. First the
+-- job's session advisory lock (p_lock_key; held across the platform call, released by
+-- chatq_record_sent or by the caller): a redelivered copy that arrives while the first
+-- handler still runs is refused instead of reconciling a send still in progress.
+--   busy       another session holds the job
+--   missing    the job is not in the database
+--   skip       final already (reason says which), or every message is answered or held by
+--              another reply (the job is superseded)
+--   reconcile  a delivery is 'sending' or 'unknown': the reply may be on the platform
+--   claimed    processing; the job holds its messages in reply_coverage
+-- One row. The job's messages (reconcile: all of them; claimed: those it keeps) come as
+-- parallel arrays in platform order, with the chat's last p_history turns before them.
+CREATE OR REPLACE FUNCTION chatq_claim(p_job uuid, p_attempt integer, p_lock_key bigint, p_history integer)
+RETURNS TABLE (outcome text, reason text, platform text, account_id text, chat_id text, chat_key text,
+               delivery_status text, delivery_text text, delivery_started_at timestamptz,
+               history_roles text[], history_texts text[],
+               operation_ids uuid[], message_ids text[], texts text[], sent_ats timestamptz[],
+               received_ats timestamptz[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    j record;
+    o record;
+    v uuid;
+    holder uuid;
+    reconciling boolean;
+    ids uuid[] := '{}';
+    m_ids text[] := '{}';
+    m_texts text[] := '{}';
+    m_sent timestamptz[] := '{}';
+    m_received timestamptz[] := '{}';
+    taken uuid[];
+    first_received timestamptz;
+BEGIN
+    IF NOT pg_try_advisory_lock(p_lock_key) THEN
+        outcome := 'busy';
+        reason := 'another consumer is handling this job';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT r.status, r.platform, r.account_id, r.chat_id, r.operation_ids AS ops, r.chat_key AS ck,
+           d.status AS d_status, d.text AS d_text, d.started_at AS d_started
+    INTO j
+    FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
+    WHERE r.id = p_job
+    FOR UPDATE OF r;
+    IF NOT FOUND THEN
+        outcome := 'missing';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    platform := j.platform;
+    account_id := j.account_id;
+    chat_id := j.chat_id;
+    chat_key := j.ck;
+    IF j.status NOT IN ('pending', 'processing') THEN
+        outcome := 'skip';
+        reason := 'job already ' || j.status;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    reconciling := j.d_status IN ('sending', 'unknown');
+    UPDATE reply_jobs r SET status = 'processing', attempts = p_attempt, updated_at = now() WHERE r.id = p_job;
+
+    -- The job's messages. After an interrupted send every one stays (the reply that may be
+    -- on the platform covers them all). Otherwise the job keeps those still unanswered
+    -- that no other reply holds.
+    FOREACH v IN ARRAY j.ops LOOP
+        SELECT op.status, op.message_id, op.text, coalesce(op.sent_at, op.received_at) AS sent,
+               op.received_at, op.job_id
+        INTO o FROM operations op WHERE op.id = v;
+        CONTINUE WHEN NOT FOUND;
+        IF NOT reconciling THEN
+            SELECT rc.job_id INTO holder FROM reply_coverage rc WHERE rc.operation_id = v;
+            IF FOUND AND holder <> p_job THEN
+                IF o.job_id = p_job THEN
+                    UPDATE operations op SET job_id = holder WHERE op.id = v;
+                END IF;
+                CONTINUE;
+            END IF;
+            CONTINUE WHEN o.status NOT IN ('accepted', 'queued', 'waiting', 'replying');
+        END IF;
+        ids := ids || v;
+        m_ids := m_ids || o.message_id;
+        m_texts := m_texts || o.text;
+        m_sent := m_sent || o.sent;
+        m_received := m_received || o.received_at;
+        first_received := least(first_received, o.received_at);
+    END LOOP;
+
+    IF reconciling THEN
+        outcome := 'reconcile';
+        delivery_status := j.d_status;
+        delivery_text := j.d_text;
+        delivery_started_at := j.d_started;
+    ELSE
+        -- Take the messages; one another job took meanwhile is not ours to answer (the
+        -- primary key decides).
+        WITH ins AS (
+            INSERT INTO reply_coverage (operation_id, job_id)
+            SELECT x, p_job FROM unnest(ids) AS x
+            ON CONFLICT (operation_id) DO UPDATE SET job_id = reply_coverage.job_id
+            RETURNING reply_coverage.operation_id AS op, reply_coverage.job_id AS h
+        )
+        SELECT coalesce(array_agg(op) FILTER (WHERE h <> p_job), '{}') INTO taken FROM ins;
+        IF cardinality(taken) > 0 THEN
+            SELECT coalesce(array_agg(t.id), '{}'), coalesce(array_agg(t.mid), '{}'),
+                   coalesce(array_agg(t.body), '{}'), coalesce(array_agg(t.sent), '{}'),
+                   coalesce(array_agg(t.recv), '{}')
+            INTO ids, m_ids, m_texts, m_sent, m_received
+            FROM unnest(ids, m_ids, m_texts, m_sent, m_received) AS t(id, mid, body, sent, recv)
+            WHERE t.id <> ALL(taken);
+        END IF;
+        IF cardinality(ids) = 0 THEN
+            UPDATE reply_jobs r SET status = 'superseded', updated_at = now() WHERE r.id = p_job;
+            outcome := 'skip';
+            reason := 'every message is answered or held by another reply';
+            RETURN NEXT;
+            RETURN;
+        END IF;
+        FOREACH v IN ARRAY ids LOOP
+            UPDATE operations op SET status = 'replying', job_id = p_job, updated_at = now()
+            WHERE op.id = v AND op.status = ANY(chatq_operation_sources('replying'));
+        END LOOP;
+        IF cardinality(ids) <> cardinality(j.ops) THEN
+            UPDATE reply_jobs r
+            SET operation_ids = ARRAY(
+                SELECT t.id FROM unnest(ids, m_ids, m_sent, m_received) AS t(id, mid, sent, recv)
+                ORDER BY t.sent, length(t.mid), t.mid, t.recv)
+            WHERE r.id = p_job;
+        END IF;
+        outcome := 'claimed';
+
+        -- The conversation so far, for the model: turns before this job's messages. A chat
+        -- with no reply yet (no chats row) has none. Planned for its values each time
+        -- (EXECUTE): its best plan depends on how much the chat has said.
+        IF p_history > 0 AND EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = j.ck) THEN
+            EXECUTE $q$
+                SELECT coalesce(array_agg(t.role ORDER BY t.at), '{}'), coalesce(array_agg(t.body ORDER BY t.at), '{}')
+                FROM (
+                    SELECT h.role, h.body, h.at FROM (
+                        SELECT 'buyer' AS role, o.text AS body, o.received_at AS at FROM operations o
+                        WHERE o.platform = $1 AND o.account_id = $2 AND o.chat_id = $3
+                          AND o.status = 'replied' AND o.received_at < $4
+                        UNION ALL
+                        SELECT 'bot', s.reply_text, s.sent_at FROM reply_jobs s
+                        WHERE s.chat_key = $5 AND s.status = 'sent' AND s.sent_at < $4
+                    ) h
+                    ORDER BY h.at DESC LIMIT $6
+                ) t
+            $q$ INTO history_roles, history_texts
+            USING j.platform, j.account_id, j.chat_id, first_received, j.ck, p_history;
+        END IF;
+    END IF;
+
+    -- The messages kept, in platform order, from what was read above (no table access).
+    SELECT array_agg(t.id ORDER BY t.sent, length(t.mid), t.mid, t.recv),
+           array_agg(t.mid ORDER BY t.sent, length(t.mid), t.mid, t.recv),
+           array_agg(t.body ORDER BY t.sent, length(t.mid), t.mid, t.recv),
+           array_agg(t.sent ORDER BY t.sent, length(t.mid), t.mid, t.recv),
+           array_agg(t.recv ORDER BY t.sent, length(t.mid), t.mid, t.recv)
+    INTO operation_ids, message_ids, texts, sent_ats, received_ats
+    FROM unnest(ids, m_ids, m_texts, m_sent, m_received) AS t(id, mid, body, sent, recv);
+    RETURN NEXT;
+END
+$$;
+
+-- Just before the platform call: move the messages gathered in the chat's open window
+-- since the job was built into the job (when p_fold), so one reply covers them; if there
+-- were none, record the delivery intent ('sending', committed before the platform is
+-- called: from then on the send may have happened). Same per-chat lock as the coalescer.
+-- Returns the messages folded in; none means the intent is recorded.
+CREATE OR REPLACE FUNCTION chatq_before_send(p_job uuid, p_chat_key text, p_text text, p_attempt integer, p_fold boolean)
+RETURNS TABLE (pos bigint, operation_id uuid, message_id text, text text, sent_at timestamptz,
+               received_at timestamptz)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    w uuid;
+    ids uuid[] := '{}';
+BEGIN
+    IF p_fold THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended(p_chat_key, 0));
+        SELECT cw.id INTO w FROM chat_windows cw WHERE cw.chat_key = p_chat_key AND cw.status = 'open' FOR UPDATE;
+        IF FOUND THEN
+            WITH del AS (DELETE FROM window_messages wm WHERE wm.window_id = w RETURNING wm.operation_id)
+            SELECT coalesce(array_agg(del.operation_id), '{}') INTO ids FROM del;
+            DELETE FROM chat_windows WHERE id = w;
+            WITH ins AS (
+                INSERT INTO reply_coverage (operation_id, job_id) SELECT x, p_job FROM unnest(ids) AS x
+                ON CONFLICT (operation_id) DO NOTHING RETURNING reply_coverage.operation_id AS op
+            )
+            SELECT coalesce(array_agg(op), '{}') INTO ids FROM ins;
+        END IF;
+    END IF;
+    IF cardinality(ids) > 0 THEN
+        UPDATE reply_jobs SET operation_ids = operation_ids || ids, folded = folded + 1, updated_at = now()
+        WHERE id = p_job;
+        UPDATE operations SET job_id = p_job, status = 'replying', updated_at = now()
+        WHERE id = ANY(ids) AND status = ANY(chatq_operation_sources('replying'));
+        RETURN QUERY SELECT m.* FROM chatq_job_messages(ids) m ORDER BY m.pos;
+        RETURN;
+    END IF;
+    INSERT INTO deliveries (job_id, status, text, attempt, started_at)
+    VALUES (p_job, 'sending', p_text, p_attempt, now())
+    ON CONFLICT (job_id) DO UPDATE
+    SET status = 'sending', text = EXCLUDED.text, attempt = EXCLUDED.attempt,
+        started_at = now(), finished_at = NULL, error = NULL, platform_message_id = NULL;
+END
+$$;
+
+-- Record a reply on the platform: the job, its delivery, the operations it covers and the
+-- chat's last answered message move together. Returns when it was sent and when each
+-- operation it newly replied to was received (for the receipt-to-reply histogram). Then
+-- releases the job's session lock (p_lock_key): the job is final once this commits, and a
+-- copy that takes the lock before the commit waits on the job's row, then skips it.
+CREATE OR REPLACE FUNCTION chatq_record_sent(
+    p_job uuid, p_text text, p_platform_message_id text, p_last_sent_at timestamptz, p_last_message_id text,
+    p_lock_key bigint
+) RETURNS TABLE (sent_at timestamptz, received_ats timestamptz[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    j record;
+    v uuid;
+    recv_at timestamptz;
+    received timestamptz[] := '{}';
+BEGIN
+    UPDATE reply_jobs r SET status = 'sent', reply_text = p_text, platform_message_id = p_platform_message_id,
+           sent_at = clock_timestamp(), error_kind = NULL, error_message = NULL, updated_at = now()
+    WHERE r.id = p_job AND r.status IN ('pending', 'processing')
+    RETURNING r.sent_at AS at, r.chat_key, r.operation_ids INTO j;
+    IF NOT FOUND THEN
+        RAISE EXCEPTION 'job % is not in flight: a reply cannot be recorded for it', p_job
+            USING ERRCODE = 'check_violation';
+    END IF;
+    UPDATE deliveries d SET status = 'sent', platform_message_id = p_platform_message_id, finished_at = j.at,
+           error = NULL
+    WHERE d.job_id = p_job;
+    PERFORM chatq_advance_last_answered(j.chat_key, p_last_sent_at, p_last_message_id, j.at, p_job);
+    -- One key lookup per operation (see chatq_claim on plans over arrays of keys).
+    FOREACH v IN ARRAY j.operation_ids LOOP
+        UPDATE operations o SET status = 'replied', status_reason = NULL, job_id = p_job, updated_at = j.at
+        WHERE o.id = v AND o.status IN ('accepted', 'queued', 'waiting', 'replying')
+        RETURNING o.received_at INTO recv_at;
+        IF FOUND THEN
+            received := received || recv_at;
+        END IF;
+    END LOOP;
+    PERFORM pg_advisory_unlock(p_lock_key);
+    RETURN QUERY SELECT j.at, received;
+END
+$$;
+
+-- Give up on a job that did not send: under the job's lock, and only while it is in
+-- flight. When the last send may have reached the platform (delivery 'sending' or
+-- 'unknown') the job and its messages go to a person (needs_review) and keep their claim
+-- on the messages, so a retry cannot answer them twice; otherwise they fail, and give the
+-- messages back for a person's retry. The reason and the owner are kept either way.
+--   busy          another session holds the job: its holder decides, nothing changes
+--   final         the job is already final (or missing): nothing changes
+--   failed | needs_review   what the job and its unfinished operations became
+CREATE OR REPLACE FUNCTION chatq_give_up(p_job uuid, p_kind text, p_reason text, p_owner text, p_lock_key bigint)
+RETURNS TABLE (outcome text, chat_key text, operation_ids uuid[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    j record;
+    v uuid;
+    target text;
+    why text;
+    changed uuid[] := '{}';
+BEGIN
+    IF NOT pg_try_advisory_lock(p_lock_key) THEN
+        outcome := 'busy';
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    SELECT r.status, r.chat_key AS ck, r.operation_ids AS ops, d.status AS d_status
+    INTO j
+    FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
+    WHERE r.id = p_job
+    FOR UPDATE OF r;
+    IF NOT FOUND OR j.status NOT IN ('pending', 'processing') THEN
+        PERFORM pg_advisory_unlock(p_lock_key);
+        outcome := 'final';
+        chat_key := j.ck;
+        RETURN NEXT;
+        RETURN;
+    END IF;
+    IF j.d_status IN ('sending', 'unknown') THEN
+        target := 'needs_review';
+        why := p_reason || '; the last send may have reached the chat: check it, then resolve, or retry with a confirmed re-send';
+    ELSE
+        target := 'failed';
+        why := p_reason;
+        DELETE FROM reply_coverage rc WHERE rc.job_id = p_job;
+    END IF;
+    UPDATE reply_jobs r SET status = target, error_kind = CASE WHEN target = 'needs_review' THEN 'unknown' ELSE p_kind END,
+           error_message = left(why, 500), owner = p_owner, updated_at = now()
+    WHERE r.id = p_job;
+    FOREACH v IN ARRAY j.ops LOOP
+        UPDATE operations o SET status = target, status_reason = left(why, 500), owner = p_owner, updated_at = now()
+        WHERE o.id = v AND o.job_id = p_job AND o.status IN ('accepted', 'queued', 'waiting', 'replying');
+        IF FOUND THEN
+            changed := changed || v;
+        END IF;
+    END LOOP;
+    PERFORM pg_advisory_unlock(p_lock_key);
+    outcome := target;
+    chat_key := j.ck;
+    operation_ids := changed;
+    RETURN NEXT;
+END
+$$;

@@ -1,0 +1,3 @@
+from shared.state.sql import main
+
+main()

@@ -1,0 +1,76 @@
+"""Render the transition tables as SQL (``shared/functions/00_states.sql``): for each
+aggregate, ``chatq_<name>_sources(target)`` (the statuses that may move to ``target``,
+immutable so the planner folds it into a constant) and a trigger that refuses any status
+change the table does not allow, whoever writes it. A unit test keeps the file equal to
+this rendering; ``python -m shared.state`` rewrites it."""
+
+from __future__ import annotations
+
+import argparse
+from collections.abc import Sequence
+from pathlib import Path
+
+from . import job, operation
+from .machine import Lifecycle
+
+OUTPUT = Path(__file__).resolve().parent.parent / "functions" / "00_states.sql"
+
+#: (SQL name, table, key column, lifecycle)
+TABLES: tuple[tuple[str, str, str, Lifecycle], ...] = (  # type: ignore[type-arg]
+    ("operation", "operations", "id", operation.LIFECYCLE),
+    ("job", "reply_jobs", "id", job.LIFECYCLE),
+    ("delivery", "deliveries", "job_id", job.DELIVERY),
+)
+
+
+def _array(values: Sequence[str]) -> str:
+    return "ARRAY[" + ", ".join(f"'{v}'" for v in values) + "]::text[]" if values else "'{}'::text[]"
+
+
+def _one(name: str, table: str, key: str, lifecycle: Lifecycle) -> str:  # type: ignore[type-arg]
+    cases = "\n".join(
+        f"        WHEN '{s.value}' THEN {_array(lifecycle.sources(s))}"
+        for s in lifecycle.states
+        if lifecycle.sources(s)
+    )
+    return f"""
+-- {lifecycle.aggregate}: the statuses that may move to p_to.
+CREATE OR REPLACE FUNCTION chatq_{name}_sources(p_to text) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE p_to
+{cases}
+        ELSE '{{}}'::text[]
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION chatq_check_{name}_status() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT (OLD.status = ANY(chatq_{name}_sources(NEW.status))) THEN
+        RAISE EXCEPTION '{lifecycle.aggregate} %: status % -> % is not allowed', NEW.{key}, OLD.status, NEW.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER {table}_status_transition
+    BEFORE UPDATE OF status ON {table}
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION chatq_check_{name}_status();
+"""
+
+
+def render() -> str:
+    head = (
+        "-- Generated from shared/state (python -m shared.state): the transition tables of\n"
+        "-- shared/state/operation.py and shared/state/job.py. Do not edit by hand.\n"
+    )
+    return head + "".join(_one(*t) for t in TABLES)
+
+
+def main(argv: Sequence[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description="Render the status transition tables as SQL.")
+    parser.add_argument("-o", "--output", type=Path, default=OUTPUT)
+    args = parser.parse_args(argv)
+    args.output.write_text(render())
+    print(f"wrote {args.output}")

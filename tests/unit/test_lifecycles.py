@@ -1,0 +1,64 @@
+"""The status lifecycles of an operation, a reply job and a delivery, as data."""
+
+from __future__ import annotations
+
+import pytest
+
+from shared.broker.dead_letters import dead_reason
+from shared.state import job, operation
+from shared.state.machine import TransitionNotAllowed
+from shared.state.sql import OUTPUT, render
+
+pytestmark = pytest.mark.unit
+
+
+def test_the_transition_sql_is_the_rendering_of_the_python_tables() -> None:
+    assert OUTPUT.read_text() == render(), "run: python -m shared.state"
+
+
+def test_an_unknown_outcome_never_becomes_failed() -> None:
+    assert not operation.LIFECYCLE.allowed("needs_review", "failed")
+    assert "needs_review" not in operation.LIFECYCLE.sources("failed")
+    assert not job.LIFECYCLE.allowed("needs_review", "failed")
+    assert not job.DELIVERY.allowed("unknown", "not_sent")
+
+
+def test_a_buyer_message_is_never_ignored_on_the_way_to_a_reply() -> None:
+    # Only a person (dismissing a failed or needs_review message) makes one ignored.
+    assert operation.LIFECYCLE.sources("ignored") == ["failed", "needs_review"]
+
+
+def test_replied_and_ignored_are_final_and_a_person_acts_on_failed_and_needs_review() -> None:
+    assert operation.LIFECYCLE.final == ["replied", "ignored"]
+    for status in ("failed", "needs_review"):
+        assert operation.LIFECYCLE.allowed(status, "accepted")  # retry
+        assert operation.LIFECYCLE.allowed(status, "replied")  # replied manually
+        assert operation.LIFECYCLE.allowed(status, "ignored")  # dismissed
+
+
+def test_a_transition_the_table_does_not_allow_raises() -> None:
+    with pytest.raises(TransitionNotAllowed, match="replied -> waiting"):
+        operation.LIFECYCLE.check("replied", "waiting")
+    with pytest.raises(TransitionNotAllowed, match="sent -> pending"):
+        job.LIFECYCLE.check("sent", "pending")
+
+
+def test_a_needs_review_job_only_ends_superseded_by_a_persons_confirmed_resend() -> None:
+    assert job.LIFECYCLE.table[job.JobStatus.NEEDS_REVIEW] == {job.JobStatus.SUPERSEDED}
+    assert job.LIFECYCLE.final == ["sent", "failed", "superseded"]
+
+
+def test_a_dead_letters_reason_is_its_latest_death_and_the_last_error() -> None:
+    headers = {
+        "x-death": [
+            {"reason": b"rejected", "queue": b"chatq.responder", "count": 1},
+            {"reason": "expired", "queue": "chatq.responder.retry.1s", "count": 3},
+        ],
+        "x-first-death-reason": "expired",
+        "chatq-last-error": "telegram: HTTP 503",
+    }
+    assert dead_reason(headers) == "rejected in chatq.responder (last error: telegram: HTTP 503)"
+    assert dead_reason({"x-death": [{"reason": "delivery_limit", "queue": "chatq.coalescer"}]}) == (
+        "redelivered past the queue's delivery limit in chatq.coalescer"
+    )
+    assert dead_reason(None) == "dead-lettered"
