@@ -9,10 +9,16 @@ at a time, and a relay that dies releases its claim with its connection. Deliver
 at-least-once: a kill between the confirm and the mark publishes the row again, with the
 same message_id, and consumers deduplicate on it.
 
-Order: one relay has at most one row per ordering key (chat) in flight, published in id
-order, so a chat's messages reach the broker in order even when a connection drops
-mid-batch. Across replicas, two relays may interleave a chat's
-rows; consumers order by the platform's own order, never by arrival.
+Order: a relay claims only a chat's head row, the first unpublished row of its ordering
+key on its exchange (an index makes that a probe), and a later row becomes the head only
+once the earlier one is confirmed and marked. So a chat has at most one row in flight
+across every relay, and its rows reach the broker in id order, whatever the number of
+relays and however connections drop. A batch holds one row per chat, so a chat with a
+long backlog cannot fill batches and starve the others.
+
+Each process's relay publishes only the exchanges it owns (the receiver: inbound
+messages; the coalescer: reply jobs), so one service being down never holds the other's
+rows, and two services never race on one chat's rows.
 """
 
 from __future__ import annotations
@@ -21,7 +27,7 @@ import asyncio
 import json
 import logging
 import time
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 from uuid import UUID
@@ -33,6 +39,7 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.faults import fault_point
 from shared.settings import Settings
+from shared.state import operation as operation_state
 
 logger = logging.getLogger(__name__)
 
@@ -85,13 +92,20 @@ class PublishFailed(RuntimeError):
     """Some rows of a batch were not confirmed; they stay pending and are retried."""
 
 
+# The heads of their chats on the relay's exchanges, oldest first. A head another relay
+# holds is skipped (SKIP LOCKED), and so are the rows behind it (not heads).
 _CLAIM_SQL = """
-SELECT id, exchange, routing_key, message_id, ordering_key, operation_id, headers, body
-FROM outbox
-WHERE published_at IS NULL
-ORDER BY id
+SELECT o.id, o.exchange, o.routing_key, o.message_id, o.ordering_key, o.operation_id, o.headers, o.body
+FROM outbox o
+WHERE o.published_at IS NULL
+  AND o.exchange = ANY($2::text[])
+  AND NOT EXISTS (
+      SELECT 1 FROM outbox p
+      WHERE p.published_at IS NULL AND p.exchange = o.exchange AND p.ordering_key = o.ordering_key
+        AND p.id < o.id)
+ORDER BY o.id
 LIMIT $1
-FOR UPDATE SKIP LOCKED
+FOR UPDATE OF o SKIP LOCKED
 """
 
 
@@ -100,6 +114,7 @@ class Relay:
         self,
         pool: asyncpg.Pool,
         publisher: ConfirmingPublisher,
+        exchanges: Sequence[str],
         *,
         batch_size: int = 200,
         poll_seconds: float = 1.0,
@@ -107,8 +122,11 @@ class Relay:
         purge_interval_seconds: float = 60.0,
         stats_interval_seconds: float = 5.0,
     ) -> None:
+        if not exchanges:
+            raise ValueError("a relay publishes at least one exchange")
         self._pool = pool
         self._publisher = publisher
+        self._exchanges = list(exchanges)
         self._batch_size = batch_size
         self._poll_seconds = poll_seconds
         self._retention = retention_seconds
@@ -120,10 +138,13 @@ class Relay:
         self._last_stats = 0.0
 
     @classmethod
-    def from_settings(cls, pool: asyncpg.Pool, broker: BrokerConnection, settings: Settings) -> Relay:
+    def from_settings(
+        cls, pool: asyncpg.Pool, broker: BrokerConnection, settings: Settings, exchanges: Sequence[str]
+    ) -> Relay:
         return cls(
             pool,
             ConfirmingPublisher(broker),
+            exchanges,
             batch_size=settings.relay_batch_size,
             poll_seconds=settings.relay_poll_seconds,
             retention_seconds=settings.relay_retention_seconds,
@@ -165,18 +186,9 @@ class Relay:
     async def run_once(self) -> int:
         """Claim one batch, publish it, mark what was confirmed. Returns rows published."""
         async with self._pool.acquire() as conn, conn.transaction():
-            claimed = await conn.fetch(_CLAIM_SQL, self._batch_size)
-            if not claimed:
+            rows = await conn.fetch(_CLAIM_SQL, self._batch_size, self._exchanges)
+            if not rows:
                 return 0
-            # One message per ordering key (chat) in flight: a later message of a chat is
-            # never on the broker before an earlier one was confirmed, even when the
-            # connection drops mid-batch. Other chats' rows go out together.
-            seen: set[str] = set()
-            rows = []
-            for r in claimed:
-                if r["ordering_key"] not in seen:
-                    seen.add(r["ordering_key"])
-                    rows.append(r)
             results = await self._publisher.publish_many(
                 [
                     OutgoingMessage(
@@ -202,13 +214,7 @@ class Relay:
                 )
                 operation_ids = [r["operation_id"] for r in confirmed if r["operation_id"]]
                 if operation_ids:
-                    await conn.execute(
-                        """
-                        UPDATE operations SET status = 'queued', updated_at = now()
-                        WHERE id = ANY($1::uuid[]) AND status = 'accepted'
-                        """,
-                        operation_ids,
-                    )
+                    await operation_state.mark_queued(conn, operation_ids)
                 for d in delays:
                     metrics.OUTBOX_PUBLISH_DELAY.observe(max(d["delay"], 0.0))
                 metrics.OUTBOX_PUBLISHED.inc(len(confirmed))

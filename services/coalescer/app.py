@@ -10,7 +10,7 @@ import logging
 
 from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer
-from shared.broker.topology import COALESCER_QUEUE, build_topology
+from shared.broker.topology import COALESCER_QUEUE, JOBS_EXCHANGE, build_topology
 from shared.db import create_pool
 from shared.lifecycle import freeze_startup_heap
 from shared.migrate import migrate_dsn
@@ -43,7 +43,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     # Separate connections: a consumer's flow control never blocks the relay's publishes.
     consume_broker = BrokerConnection(amqp, topology, name="chatq-coalescer")
     relay_broker = BrokerConnection(amqp, topology, name="chatq-coalescer-relay")
-    relay = Relay.from_settings(pool, relay_broker, settings)
+    relay = Relay.from_settings(pool, relay_broker, settings, exchanges=[JOBS_EXCHANGE])
     coalescer = Coalescer(pool, policy_from(settings), on_jobs_emitted=relay.notify)
     consumer = Consumer(
         consume_broker, COALESCER_QUEUE, coalescer.handle, prefetch=settings.coalescer_prefetch

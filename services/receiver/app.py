@@ -19,7 +19,7 @@ from prometheus_client import make_asgi_app
 
 from shared import metrics
 from shared.broker.connection import BrokerConnection
-from shared.broker.topology import build_topology
+from shared.broker.topology import INBOUND_EXCHANGE, build_topology
 from shared.db import create_pool
 from shared.faults import fault_point
 from shared.lifecycle import freeze_startup_heap
@@ -178,7 +178,7 @@ async def _start(settings: Settings) -> Runtime:
     relay = None
     task = None
     if settings.relay_enabled:
-        relay = Relay.from_settings(pool, broker, settings)
+        relay = Relay.from_settings(pool, broker, settings, exchanges=[INBOUND_EXCHANGE])
         task = asyncio.create_task(relay.run(), name="outbox-relay")
     return Runtime(
         pool, broker, relay, task, asyncio.create_task(_backlog_gauges(pool), name="backlog-gauges")

@@ -12,7 +12,7 @@ import pytest
 
 from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher
-from shared.broker.topology import COALESCER_QUEUE, INBOUND_EXCHANGE, JOBS_EXCHANGE
+from shared.broker.topology import COALESCER_QUEUE, INBOUND_EXCHANGE, JOBS_EXCHANGE, RESPONDER_QUEUE
 from shared.outbox import OutboxMessage, PublishFailed, Relay, enqueue
 from tests.conftest import TELEGRAM_SECRET, TEST_TOPOLOGY, replace
 from tests.support.broker import QueueInspector, wait_for
@@ -56,16 +56,16 @@ async def test_enqueue_refuses_to_run_outside_a_transaction(pool: asyncpg.Pool) 
 async def test_an_unroutable_message_is_an_error_and_later_rows_of_its_chat_wait_behind_it(
     infra, pool: asyncpg.Pool, queues: QueueInspector
 ) -> None:
-    # a1 cannot be routed (no queue is bound to chatq.jobs under "nowhere"); a2 is behind
+    # a1 cannot be routed (no queue is bound to chatq.inbound under "nowhere"); a2 is behind
     # it in the same chat; b1 is in another chat.
     await add(
         pool,
-        row("a1", "chat-a", exchange=JOBS_EXCHANGE, rk="nowhere"),
+        row("a1", "chat-a", rk="nowhere"),
         row("a2", "chat-a"),
         row("b1", "chat-b"),
     )
     broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
-    relay = Relay(pool, ConfirmingPublisher(broker))
+    relay = Relay(pool, ConfirmingPublisher(broker), [INBOUND_EXCHANGE])
     try:
         with pytest.raises(PublishFailed, match="1 of 2"):
             await relay.run_once()
@@ -89,7 +89,7 @@ async def test_the_relay_marks_the_operation_queued_only_after_the_broker_confir
     assert await pool.fetchval("SELECT status FROM operations WHERE id = $1", op) == "accepted"
     broker = BrokerConnection(settings.amqp_url.get_secret_value(), TEST_TOPOLOGY)
     try:
-        assert await Relay(pool, ConfirmingPublisher(broker)).run_once() == 1
+        assert await Relay(pool, ConfirmingPublisher(broker), [INBOUND_EXCHANGE]).run_once() == 1
     finally:
         await broker.close()
     assert await pool.fetchval("SELECT status FROM operations WHERE id = $1", op) == "queued"
@@ -163,7 +163,7 @@ async def test_published_rows_are_purged_after_the_retention_period_and_pending_
         """
     )
     broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
-    relay = Relay(pool, ConfirmingPublisher(broker), retention_seconds=3600)
+    relay = Relay(pool, ConfirmingPublisher(broker), [INBOUND_EXCHANGE], retention_seconds=3600)
     assert await relay.purge() == 1
     assert sorted(r["message_id"] for r in await pool.fetch("SELECT message_id FROM outbox")) == [
         "pending",
@@ -180,7 +180,7 @@ async def test_two_relays_publish_every_row_exactly_once_between_them(
 ) -> None:
     await add(pool, *(row(f"m{i}", f"chat-{i % 7}") for i in range(500)))
     brokers = [BrokerConnection(infra.amqp_url, TEST_TOPOLOGY, name=f"relay-{i}") for i in range(2)]
-    relays = [Relay(pool, ConfirmingPublisher(b), batch_size=50) for b in brokers]
+    relays = [Relay(pool, ConfirmingPublisher(b), [INBOUND_EXCHANGE], batch_size=50) for b in brokers]
 
     async def drain(relay: Relay) -> int:
         total = 0
@@ -197,3 +197,57 @@ async def test_two_relays_publish_every_row_exactly_once_between_them(
     messages = await queues.drain(COALESCER_QUEUE)
     assert len(messages) == 500
     assert len({m.message_id for m in messages}) == 500
+
+
+async def test_a_chat_whose_head_row_another_relay_holds_publishes_nothing_until_it_is_confirmed(
+    infra, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    # Relay R has claimed x1 and is awaiting its confirm (its row lock is held); relay C
+    # runs meanwhile. C must not publish x2 or x3 ahead of x1, but other chats go on.
+    await add(pool, row("x1", "chat-x"), row("x2", "chat-x"), row("x3", "chat-x"), row("y1", "chat-y"))
+    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
+    relay_c = Relay(pool, ConfirmingPublisher(broker), [INBOUND_EXCHANGE])
+    try:
+        async with pool.acquire() as holder, holder.transaction():
+            await holder.execute("SELECT 1 FROM outbox WHERE message_id = 'x1' FOR UPDATE")
+            assert await relay_c.run_once() == 1
+            assert [m.message_id for m in await queues.drain(COALESCER_QUEUE)] == ["y1"]
+        # R let go of x1 unpublished (say its connection dropped): the chat goes on in order.
+        published = []
+        while n := await relay_c.run_once():
+            assert n == 1, "a chat has at most one row in flight"
+            published += [m.message_id for m in await queues.drain(COALESCER_QUEUE)]
+        assert published == ["x1", "x2", "x3"]
+    finally:
+        await broker.close()
+
+
+async def test_a_relay_publishes_only_the_exchanges_it_owns(
+    infra, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    await add(pool, row("in-1", "chat-1"), row("job-1", "chat-1", exchange=JOBS_EXCHANGE, rk="reply"))
+    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
+    try:
+        assert await Relay(pool, ConfirmingPublisher(broker), [JOBS_EXCHANGE]).run_once() == 1
+    finally:
+        await broker.close()
+    pending = await pool.fetch("SELECT message_id FROM outbox WHERE published_at IS NULL")
+    assert [r["message_id"] for r in pending] == ["in-1"]
+    assert [m.message_id for m in await queues.drain(RESPONDER_QUEUE)] == ["job-1"]
+
+
+async def test_a_chat_with_a_long_backlog_takes_one_row_of_a_batch_and_the_other_chats_go_with_it(
+    infra, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    await add(pool, *(row(f"hot-{i}", "chat-hot") for i in range(300)))
+    await add(pool, *(row(f"other-{i}", f"chat-{i}") for i in range(50)))
+    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
+    try:
+        assert (
+            await Relay(pool, ConfirmingPublisher(broker), [INBOUND_EXCHANGE], batch_size=200).run_once()
+            == 51
+        )
+    finally:
+        await broker.close()
+    published = [m.message_id for m in await queues.drain(COALESCER_QUEUE)]
+    assert sorted(published) == sorted(["hot-0", *(f"other-{i}" for i in range(50))])
