@@ -23,7 +23,7 @@ from services.coalescer.service import _CLAIM_DUE, Coalescer
 from services.coalescer.windows import WindowPolicy
 from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher
-from shared.broker.topology import build_topology
+from shared.broker.topology import JOBS_EXCHANGE, build_topology
 from shared.db import create_pool
 from shared.outbox import Relay
 
@@ -86,7 +86,7 @@ async def measure(args: argparse.Namespace, db_url: str, amqp_url: str) -> dict[
         )
         await conn.execute(MAKE_DUE, args.due, args.spread)
     broker = BrokerConnection(amqp_url, build_topology(), name="bench-coalescer-relay")
-    relay = Relay(pool, ConfirmingPublisher(broker), poll_seconds=0.2)
+    relay = Relay(pool, ConfirmingPublisher(broker), [JOBS_EXCHANGE], poll_seconds=0.2)
     coalescer = Coalescer(pool, WindowPolicy(0, 0, 0, 0), on_jobs_emitted=relay.notify)
     relay_task = asyncio.create_task(relay.run())
     scheduler = asyncio.create_task(coalescer.run_scheduler(poll_seconds=0.5, batch=args.batch))

@@ -130,8 +130,16 @@ def _list(api: Api, args: argparse.Namespace) -> str:
 
 
 def _retry(api: Api, args: argparse.Namespace) -> str:
-    r = api.call("POST", f"/v1/operations/{args.operation_id}/retry")
-    return f"re-queued {len(r['retried'])} operation(s): {', '.join(r['retried'])}"
+    body: dict[str, str] = {"note": args.note or ""}
+    if args.by:
+        body["by"] = args.by
+    r = api.call(
+        "POST",
+        f"/v1/operations/{args.operation_id}/retry" + ("?resend=true" if args.resend else ""),
+        json=body,
+    )
+    verb = "re-send confirmed; re-queued" if r.get("resend") else "re-queued"
+    return f"{verb} {len(r['retried'])} operation(s): {', '.join(r['retried'])}"
 
 
 def _resolve(api: Api, args: argparse.Namespace) -> str:
@@ -202,6 +210,13 @@ def parser() -> argparse.ArgumentParser:
     s.set_defaults(run=_list, api=True)
     s = sub.add_parser("retry", help="put a failed or needs_review operation back to work")
     s.add_argument("operation_id")
+    s.add_argument(
+        "--resend",
+        action="store_true",
+        help="needs_review only: you checked the chat and the reply is not there; send one again",
+    )
+    s.add_argument("--by", help="who decided (recorded with the retry)")
+    s.add_argument("--note")
     s.set_defaults(run=_retry, api=True)
     s = sub.add_parser("resolve", help="close a failed or needs_review operation")
     s.add_argument("operation_id")

@@ -6,6 +6,7 @@ import asyncio
 import gc
 import logging
 import signal
+from collections.abc import Awaitable, Callable
 
 logger = logging.getLogger(__name__)
 
@@ -35,3 +36,16 @@ def freeze_startup_heap() -> None:
     (bench.intake). Call once, when the service is set up and before it takes work."""
     gc.collect()
     gc.freeze()
+
+
+async def every(seconds: float, name: str, step: Callable[[], Awaitable[object]]) -> None:
+    """Run ``step`` every ``seconds`` until cancelled. A failing round is logged with its
+    reason and the next round runs as planned (Postgres away, say), never swallowed."""
+    while True:
+        try:
+            await step()
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            logger.warning("%s: %s: %s; next round in %.0fs", name, type(exc).__name__, exc, seconds)
+        await asyncio.sleep(seconds)

@@ -56,3 +56,19 @@ PLATFORM_SECONDS = Histogram(
     ["platform", "outcome"],
     buckets=LATENCY_BUCKETS,
 )
+DEAD_LETTERS = Counter(
+    "chatq_dead_letters_total",
+    "Messages that reached a dead-letter queue and were recorded, by queue.",
+    ["queue"],
+)
+CONSUMER_OLDEST_UNSETTLED = Gauge(
+    "chatq_consumer_oldest_unsettled_seconds",
+    "How long the oldest message a consumer holds has waited to be settled (0: none held).",
+    ["queue"],
+)
+JOBS_REDRIVEN = Counter(
+    "chatq_jobs_redriven_total", "Reply jobs in flight that nobody held past the bound, published again."
+)
+RETENTION_PURGED = Counter(
+    "chatq_retention_purged_total", "Finished rows deleted by the retention rule, by table.", ["table"]
+)

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-from collections.abc import Awaitable, Callable, Iterator
+from collections.abc import Awaitable, Callable, Iterator, Sequence
 
 import asyncpg
 import uvicorn
@@ -16,6 +16,7 @@ from starlette.requests import Request
 from starlette.responses import JSONResponse, Response
 from starlette.routing import Route
 
+from shared import metrics
 from shared.broker.consumer import Consumer
 
 ReadinessCheck = Callable[[], Awaitable[dict[str, str]]]
@@ -48,11 +49,23 @@ class OpsServer(uvicorn.Server):
         yield
 
 
-def consumer_readiness(consumer: Consumer, pool: asyncpg.Pool) -> ReadinessCheck:
-    """Ready when the consumer is attached to its queue and Postgres answers."""
+def consumer_readiness(
+    consumer: Consumer, pool: asyncpg.Pool, *, stall_seconds: float, others: Sequence[Consumer] = ()
+) -> ReadinessCheck:
+    """Ready when the consumers are attached to their queues and making progress (none has
+    held a message unsettled for ``stall_seconds``), and Postgres answers."""
+    consumers = (consumer, *others)
+    for c in consumers:
+        metrics.CONSUMER_OLDEST_UNSETTLED.labels(queue=c.queue).set_function(c.oldest_unsettled_seconds)
 
     async def check() -> dict[str, str]:
-        checks = {"rabbitmq": "ok" if consumer.consuming else "not consuming"}
+        checks = {"rabbitmq": "ok" if all(c.consuming for c in consumers) else "not consuming"}
+        stalled = [
+            f"{c.queue} has held a message unsettled for {c.oldest_unsettled_seconds():.0f}s"
+            for c in consumers
+            if c.oldest_unsettled_seconds() > stall_seconds
+        ]
+        checks["progress"] = "; ".join(stalled) if stalled else "ok"
         try:
             await asyncio.wait_for(pool.fetchval("SELECT 1"), timeout=2)
             checks["postgres"] = "ok"

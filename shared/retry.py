@@ -17,16 +17,25 @@ class RetryPlan:
 
 
 def next_retry(
-    failed_attempt: int, *, max_attempts: int, tiers: Sequence[float], retry_after: float | None = None
+    failed_attempt: int,
+    *,
+    max_attempts: int,
+    tiers: Sequence[float],
+    retry_after: float | None = None,
+    counts: bool = True,
 ) -> RetryPlan | None:
     """None when ``failed_attempt`` was the last one allowed. Otherwise the tier for the
     next attempt: tier n for the n-th retry (the last tier repeats), or the shortest
-    tier that waits at least ``retry_after`` when the platform said how long to wait."""
+    tier that waits at least ``retry_after`` when the platform said how long to wait.
+    ``counts=False``: this try was not an attempt (the work was busy elsewhere), so it
+    never exhausts anything: the same attempt again, after the shortest tier."""
     if failed_attempt < 1:
         raise ValueError("attempts count from 1")
+    ordered = sorted(tiers)
+    if not counts:
+        return RetryPlan(next_attempt=failed_attempt, delay=ordered[0])
     if failed_attempt >= max_attempts:
         return None
-    ordered = sorted(tiers)
     delay = list(tiers)[min(failed_attempt - 1, len(tiers) - 1)]
     if retry_after is not None and retry_after > delay:
         delay = next((t for t in ordered if t >= retry_after), ordered[-1])
@@ -40,3 +49,17 @@ def attempt_of(headers: dict[str, object] | None) -> int:
         return max(1, int(value))  # type: ignore[arg-type]
     except (TypeError, ValueError):
         return 1
+
+
+#: Set by quorum queues on a redelivered message: its unsuccessful deliveries so far.
+DELIVERY_COUNT_HEADER = "x-delivery-count"
+
+
+def delivery_count_of(headers: dict[str, object] | None) -> int:
+    """How many times the broker delivered this message before without success (0 on the
+    first delivery)."""
+    value = (headers or {}).get(DELIVERY_COUNT_HEADER)
+    try:
+        return max(0, int(value))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return 0

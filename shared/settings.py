@@ -92,6 +92,14 @@ class Settings(BaseSettings):
     relay_retention_seconds: float = Field(default=24 * 3600, ge=0)
     relay_purge_interval_seconds: float = Field(default=60.0, gt=0)
 
+    # Keeping every promise: a consumer holding a message this long without settling it
+    # is reported unready; a reply job in flight untouched this long with no responder
+    # holding it is published again; finished rows are purged after RETENTION_DAYS (0: never).
+    consumer_stall_seconds: float = Field(default=300.0, gt=0)
+    stuck_job_seconds: float = Field(default=900.0, gt=0)
+    retention_days: float = Field(default=30.0, ge=0)
+    retention_interval_seconds: float = Field(default=300.0, gt=0)
+
     # Draining on SIGTERM: how long in-flight work may take before the process exits.
     shutdown_grace_seconds: float = Field(default=20.0, ge=0)
 
@@ -112,7 +120,9 @@ class Settings(BaseSettings):
     def _coherent(self) -> Settings:
         if self.reply_delay_min_seconds > self.reply_delay_max_seconds:
             raise ValueError("REPLY_DELAY_MIN_SECONDS must not exceed REPLY_DELAY_MAX_SECONDS")
-        self.retry_delays()  # validates the list
+        delays = self.retry_delays()  # validates the list
+        if self.stuck_job_seconds <= max(delays):
+            raise ValueError("STUCK_JOB_SECONDS must exceed the longest retry delay (RETRY_DELAYS_SECONDS)")
         if self.env == "production":
             if "guest:guest@" in self.amqp_url.get_secret_value():
                 raise ValueError("CHATQ_AMQP_URL uses the guest account; set real credentials")

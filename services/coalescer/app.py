@@ -8,17 +8,23 @@ import asyncio
 import contextlib
 import logging
 
+import httpx
+
+from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer
-from shared.broker.topology import COALESCER_QUEUE, JOBS_EXCHANGE, build_topology
+from shared.broker.dead_letters import DeadLetterRecorder
+from shared.broker.topology import COALESCER_DEAD_QUEUE, COALESCER_QUEUE, JOBS_EXCHANGE, build_topology
 from shared.db import create_pool
-from shared.lifecycle import freeze_startup_heap
+from shared.lifecycle import every, freeze_startup_heap
 from shared.migrate import migrate_dsn
 from shared.ops_http import consumer_readiness, ops_server
 from shared.outbox import Relay
+from shared.retention import Retention
 from shared.settings import Settings
 
 from .service import Coalescer
+from .sweeper import JobSweeper
 from .windows import WindowPolicy
 
 logger = logging.getLogger(__name__)
@@ -44,18 +50,44 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     consume_broker = BrokerConnection(amqp, topology, name="chatq-coalescer")
     relay_broker = BrokerConnection(amqp, topology, name="chatq-coalescer-relay")
     relay = Relay.from_settings(pool, relay_broker, settings, exchanges=[JOBS_EXCHANGE])
-    coalescer = Coalescer(pool, policy_from(settings), on_jobs_emitted=relay.notify)
-    consumer = Consumer(
-        consume_broker, COALESCER_QUEUE, coalescer.handle, prefetch=settings.coalescer_prefetch
+    http = httpx.AsyncClient(timeout=10)
+    coalescer = Coalescer(
+        pool,
+        policy_from(settings),
+        on_jobs_emitted=relay.notify,
+        alerter=Alerter(
+            settings.alert_webhook_url,
+            settings.alert_webhook_secret.get_secret_value() if settings.alert_webhook_secret else None,
+            http,
+        ),
+        owner=settings.review_owner,
     )
+    consumer = Consumer(
+        consume_broker,
+        COALESCER_QUEUE,
+        coalescer.handle,
+        prefetch=settings.coalescer_prefetch,
+        on_give_up=coalescer.give_up,
+        delivery_limit=topology.queue(COALESCER_QUEUE).delivery_limit,
+    )
+    dead = Consumer(
+        consume_broker,
+        COALESCER_DEAD_QUEUE,
+        DeadLetterRecorder(pool, COALESCER_DEAD_QUEUE, coalescer.dead_lettered).handle,
+        prefetch=10,
+    )
+    sweeper = JobSweeper(pool, stuck_seconds=settings.stuck_job_seconds)
+    retention = Retention(pool, keep_seconds=settings.retention_days * 86400)
 
-    async def stats_loop() -> None:
-        while True:
-            with contextlib.suppress(Exception):
-                await coalescer.refresh_stats()
-            await asyncio.sleep(5)
+    async def sweep() -> None:
+        if await sweeper.sweep():
+            relay.notify()
 
-    server = ops_server(consumer_readiness(consumer, pool), settings.http_host, settings.metrics_port)
+    server = ops_server(
+        consumer_readiness(consumer, pool, stall_seconds=settings.consumer_stall_seconds, others=[dead]),
+        settings.http_host,
+        settings.metrics_port,
+    )
     freeze_startup_heap()
     tasks = {
         "relay": asyncio.create_task(relay.run(), name="relay"),
@@ -66,9 +98,15 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             name="scheduler",
         ),
         "consumer": asyncio.create_task(consumer.run(), name="consumer"),
+        "dead": asyncio.create_task(dead.run(), name="dead-letters"),
         "ops": asyncio.create_task(server.serve(), name="ops-http"),
-        "stats": asyncio.create_task(stats_loop(), name="stats"),
+        "stats": asyncio.create_task(every(5, "window stats", coalescer.refresh_stats), name="stats"),
+        "sweeper": asyncio.create_task(every(60, "job sweeper", sweep), name="sweeper"),
     }
+    if settings.retention_days > 0:
+        tasks["retention"] = asyncio.create_task(
+            every(settings.retention_interval_seconds, "retention", retention.purge), name="retention"
+        )
     logger.info("coalescer running (metrics and health on port %d)", settings.metrics_port)
     stopper = asyncio.create_task(stop.wait())
     done, _ = await asyncio.wait({stopper, *tasks.values()}, return_when=asyncio.FIRST_COMPLETED)
@@ -76,7 +114,10 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         if task is not stopper and task.exception():
             logger.error("%s stopped unexpectedly", task.get_name(), exc_info=task.exception())
     # Drain: no new messages; in-flight ones finish and are acked.
-    await consumer.stop(drain_seconds=settings.shutdown_grace_seconds)
+    await asyncio.gather(
+        consumer.stop(drain_seconds=settings.shutdown_grace_seconds),
+        dead.stop(drain_seconds=settings.shutdown_grace_seconds),
+    )
     coalescer.stop()
     # Give the relay one last pass so emitted jobs leave before we go.
     relay.notify()
@@ -84,11 +125,14 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         await asyncio.wait_for(relay.run_once(), timeout=5)
     relay.stop()
     server.should_exit = True
-    for name in ("scheduler", "relay", "ops", "consumer"):
+    for name in ("scheduler", "relay", "ops", "consumer", "dead"):
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(tasks[name], timeout=5)
-    tasks["stats"].cancel()
+    for name in ("stats", "sweeper", "retention"):
+        if name in tasks:
+            tasks[name].cancel()
     stopper.cancel()
+    await http.aclose()
     await consume_broker.close()
     await relay_broker.close()
     await pool.close()

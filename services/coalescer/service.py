@@ -22,11 +22,14 @@ from aio_pika.abc import AbstractIncomingMessage
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
+from shared import metrics
+from shared.alerts import Alerter
 from shared.broker.consumer import Reject
 from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE
 from shared.faults import fault_point
 from shared.messages import InboundMessage, JobMessage, ReplyJob
 from shared.outbox import OutboxMessage, enqueue_many
+from shared.state import operation as operation_state
 
 from .windows import Window, WindowPolicy, on_message
 
@@ -89,34 +92,58 @@ WITH w AS (
     + _FILED
 )
 
-_CLAIM_DUE = """
+#: How long a window waits for an earlier message of its chat still in transit (received,
+#: not yet filed: in the outbox or on the broker, e.g. redelivered after a consumer died).
+#: Past it, the window goes and the late message is answered by the chat's next reply.
+IN_TRANSIT_WAIT_SECONDS = 60
+
+# A window may close when it is due, no job of its chat is in flight, and no message of
+# its chat received before the window's last one is still in transit: filed later, that
+# message would reach the chat's next reply after a reply to a later message.
+_EMITTABLE = f"""
+  AND NOT EXISTS (
+      SELECT 1 FROM reply_jobs j
+      WHERE j.chat_key = w.chat_key AND j.status IN ('pending', 'processing'))
+  AND NOT EXISTS (
+      SELECT 1 FROM operations t
+      WHERE t.platform = w.platform AND t.account_id = w.account_id AND t.chat_id = w.chat_id
+        AND t.status IN ('accepted', 'queued')
+        AND t.received_at < w.last_at
+        AND t.received_at > clock_timestamp() - interval '{IN_TRANSIT_WAIT_SECONDS} seconds')
+"""
+
+_CLAIM_DUE = (
+    """
 SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
 FROM chat_windows w
 WHERE w.status = 'open'
   AND w.due_at <= clock_timestamp()
-  AND NOT EXISTS (
-      SELECT 1 FROM reply_jobs j
-      WHERE j.chat_key = w.chat_key AND j.status IN ('pending', 'processing'))
+"""
+    + _EMITTABLE
+    + """
 ORDER BY w.due_at
 LIMIT $1
 FOR UPDATE OF w SKIP LOCKED
 """
+)
 
 # The claim's anti-join must probe reply_jobs_one_in_flight. A plan cached while
 # reply_jobs was empty would scan it instead, and keep doing so as jobs pile up (say,
 # while the responder is down): plan the two scheduler queries afresh each time.
 _CUSTOM_PLANS = "SET LOCAL plan_cache_mode = force_custom_plan"
 
-_NEXT_DUE = """
+_NEXT_DUE = (
+    """
 SELECT extract(epoch FROM w.due_at - clock_timestamp())::float8
 FROM chat_windows w
 WHERE w.status = 'open'
-  AND NOT EXISTS (
-      SELECT 1 FROM reply_jobs j
-      WHERE j.chat_key = w.chat_key AND j.status IN ('pending', 'processing'))
+"""
+    + _EMITTABLE
+    + """
 ORDER BY w.due_at
 LIMIT 1
 """
+)
 
 # Platform order: the platform's timestamp, then its message id (numeric ids compare by
 # length first), then our receipt time.
@@ -157,9 +184,13 @@ class Coalescer:
         *,
         draw: Callable[[], float] | None = None,
         on_jobs_emitted: Callable[[], None] = lambda: None,
+        alerter: Alerter | None = None,
+        owner: str = "on-call",
     ) -> None:
         self._pool = pool
         self._policy = policy
+        self._alerter = alerter
+        self._owner = owner
         self._draw = draw or random.SystemRandom().random
         self._on_jobs_emitted = on_jobs_emitted
         self._wake = asyncio.Event()
@@ -223,6 +254,30 @@ class Coalescer:
             window.due_at.isoformat(timespec="milliseconds"),
         )
         return Filed(window_id, window.due_at, opened=opened)
+
+    async def give_up(self, message: AbstractIncomingMessage, kind: str, reason: str) -> None:
+        """Consumer hook before an inbound message is dead-lettered, and the dead-letter
+        recorder's: an operation that was never filed fails, with the reason and an owner,
+        for a person to retry. One already in a window is left to its reply."""
+        try:
+            operation_id = uuid.UUID(message.message_id or "")
+        except ValueError:
+            return
+        why = f"could not be filed in its chat's window ({kind}): {reason}"
+        async with self._pool.acquire() as conn:
+            changed = await operation_state.fail_unfiled(conn, operation_id, why, self._owner)
+        if not changed:
+            return
+        metrics.OPERATIONS.labels(outcome="failed").inc()
+        logger.warning("operation %s failed (owner %s): %s", operation_id, self._owner, why)
+        if self._alerter is not None:
+            await self._alerter.announce(
+                "operation.failed",
+                {"operations": [str(operation_id)], "reason": why, "kind": kind, "owner": self._owner},
+            )
+
+    async def dead_lettered(self, message: AbstractIncomingMessage, reason: str) -> None:
+        await self.give_up(message, "exhausted", reason)
 
     # ---- emitting --------------------------------------------------------------
 

@@ -18,23 +18,15 @@ from shared.answered import UPSERT_LAST_ANSWERED
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 from shared.messages import InboundMessage, chat_key
 from shared.outbox import OutboxMessage, enqueue_many
+from shared.state import operation as operation_state
+from shared.state.operation import OperationStatus
 
 from .errors import ApiError
 
-STATUSES = ("accepted", "queued", "waiting", "replying", "replied", "failed", "needs_review", "ignored")
-UNFINISHED = ("accepted", "queued", "waiting", "replying")
-ACTIONABLE = ("failed", "needs_review")
-
-STATUS_TEXT = {
-    "accepted": "received and stored; about to be handed to the bot",
-    "queued": "stored and queued for the bot",
-    "waiting": "waiting for the buyer to finish typing",
-    "replying": "the bot is writing the reply",
-    "replied": "reply sent",
-    "failed": "gave up",
-    "needs_review": "send outcome unknown — check the chat and resolve",
-    "ignored": "not for the bot",
-}
+STATUSES = tuple(s.value for s in OperationStatus)
+UNFINISHED = tuple(s.value for s in operation_state.UNFINISHED)
+ACTIONABLE = tuple(s.value for s in operation_state.ACTIONABLE)
+STATUS_TEXT = {s.value: text for s, text in operation_state.STATUS_TEXT.items()}
 
 
 def status_text(status: str, reason: str | None, replied_at: datetime | None = None) -> str:
@@ -65,7 +57,7 @@ router = APIRouter()
 _SELECT = """
 SELECT o.id, o.platform, o.account_id, o.chat_id, o.message_id, o.author_id, o.text, o.sent_at,
        o.status, o.status_reason, o.received_at, o.updated_at, o.resolution, o.resolved_by, o.resolved_at,
-       o.note, o.retries,
+       o.note, o.retries, o.owner AS op_owner,
        j.id AS job_id, j.status AS job_status, j.attempts, j.reply_text, j.platform_message_id,
        j.sent_at AS reply_sent_at, j.error_kind, j.error_message, j.owner, j.created_at AS job_created_at
 FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
@@ -131,34 +123,75 @@ async def list_operations(
     return {"operations": [operation_document(r) for r in rows], "count": len(rows)}
 
 
+class RetryRequest(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    by: str = Field(default="admin", min_length=1, max_length=200)
+    note: str = Field(default="", max_length=2000)
+
+
 @router.post("/v1/operations/{operation_id}/retry", status_code=202)
-async def retry_operation(operation_id: str, request: Request) -> dict[str, Any]:
-    """Put a failed or needs_review operation (with the rest of its reply job) back to
-    work through the outbox. The responder's already-answered guard still applies."""
+async def retry_operation(
+    operation_id: str, request: Request, resend: bool = False, body: RetryRequest | None = None
+) -> dict[str, Any]:
+    """Put a failed operation (with the rest of its reply job) back to work through the
+    outbox. A needs_review operation's reply may already be in the chat: it is put back
+    only with ``resend=true``, the person's confirmation that sending again is right, and
+    that confirmation is recorded. A message a sent reply already covers is never
+    answered again."""
     require_admin(request)
     op_id = _parse_id(operation_id)
+    who = body or RetryRequest()
     pool: asyncpg.Pool = request.app.state.pool
     async with pool.acquire() as conn, conn.transaction():
         row = await _lock_actionable(conn, op_id, "not_retryable", "retried")
+        if row["status"] == "needs_review" and not resend:
+            raise ApiError(
+                409,
+                "resend_not_confirmed",
+                "the reply to this message may already be in the chat (the send's outcome is unknown): "
+                "check the chat, then resolve it, or retry with resend=true to send a reply again",
+            )
         # Same lock as the coalescer's filing: the chat's windows do not move meanwhile.
         await conn.execute(
             "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
             chat_key(row["platform"], row["account_id"], row["chat_id"]),
         )
         siblings = list(row["operation_ids"] or [op_id])
-        retried = await conn.fetch(
-            """
-            UPDATE operations SET status = 'accepted', job_id = NULL, status_reason = NULL,
-                   retries = retries + 1, updated_at = now()
-            WHERE id = ANY($1::uuid[]) AND status IN ('failed', 'needs_review')
-            RETURNING id, platform, account_id, chat_id, message_id, author_id, text, sent_at, received_at
-            """,
-            siblings,
-        )
+        if row["status"] == "needs_review":
+            # Only this job's needs_review messages go back: the person confirmed for them.
+            siblings = [
+                r["id"]
+                for r in await conn.fetch(
+                    "SELECT id FROM operations WHERE id = ANY($1::uuid[]) AND status = 'needs_review'",
+                    siblings,
+                )
+            ]
+        retried = await operation_state.retry(conn, siblings)
         ids = [r["id"] for r in retried]
         await conn.execute("DELETE FROM window_messages WHERE operation_id = ANY($1::uuid[])", ids)
-        # A person decided these may be answered again (needs_review keeps its claim).
+        # A failed job gave its messages back already; a needs_review job kept them until
+        # this confirmed re-send, which supersedes it.
         await conn.execute("DELETE FROM reply_coverage WHERE operation_id = ANY($1::uuid[])", ids)
+        if row["job_id"] is not None and row["status"] == "needs_review":
+            await conn.execute(
+                """
+                UPDATE reply_jobs SET status = 'superseded', updated_at = now(),
+                       error_message = left(coalesce(error_message, '') || '; re-send confirmed by ' || $2, 500)
+                WHERE id = $1 AND status = ANY(chatq_job_sources('superseded')) AND status = 'needs_review'
+                """,
+                row["job_id"],
+                who.by,
+            )
+        await operation_state.record_event(
+            conn,
+            ids,
+            "retried",
+            actor=who.by,
+            detail=("re-send confirmed" if row["status"] == "needs_review" else "retried")
+            + (f": {who.note}" if who.note else ""),
+            job_id=row["job_id"],
+        )
         await enqueue_many(
             conn,
             [
@@ -186,7 +219,12 @@ async def retry_operation(operation_id: str, request: Request) -> dict[str, Any]
     runtime = request.app.state.runtime
     if runtime.relay is not None:
         runtime.relay.notify()
-    return {"operation_id": str(op_id), "status": "accepted", "retried": [str(i) for i in ids]}
+    return {
+        "operation_id": str(op_id),
+        "status": "accepted",
+        "retried": [str(i) for i in ids],
+        "resend": row["status"] == "needs_review",
+    }
 
 
 async def _lock_actionable(
@@ -229,27 +267,33 @@ async def resolve_operation(operation_id: str, body: Resolution, request: Reques
     reason = f"{verb} by {body.owner}" + (f": {body.note}" if body.note else "")
     async with pool.acquire() as conn, conn.transaction():
         row = await _lock_actionable(conn, op_id, "not_resolvable", "resolved")
-        resolved = await conn.fetch(
-            """
-            UPDATE operations SET status = $2, status_reason = $3, resolution = $4, resolved_by = $5,
-                   resolved_at = now(), note = $6, updated_at = now()
-            WHERE id = ANY($1::uuid[]) AND status IN ('failed', 'needs_review')
-            RETURNING id, sent_at, message_id
-            """,
+        resolved = await operation_state.resolve(
+            conn,
             list(row["operation_ids"] or [op_id]),
-            status,
-            reason,
-            body.resolution,
-            body.owner,
-            body.note or None,
+            OperationStatus(status),
+            reason=reason,
+            resolution=body.resolution,
+            by=body.owner,
+            note=body.note or None,
+        )
+        await operation_state.record_event(
+            conn,
+            [r["id"] for r in resolved],
+            "resolved",
+            actor=body.owner,
+            detail=reason,
+            job_id=row["job_id"],
         )
         if body.resolution == "replied_manually" and row["job_id"] is not None:
             # A person answered: the already-answered guard must know.
-            last = max(resolved, key=lambda r: (r["sent_at"], len(r["message_id"]), r["message_id"]))
+            last = max(
+                resolved,
+                key=lambda r: (r["sent_at"] or r["received_at"], len(r["message_id"]), r["message_id"]),
+            )
             await conn.execute(
                 UPSERT_LAST_ANSWERED,
                 row["chat_key"],
-                last["sent_at"],
+                last["sent_at"] or last["received_at"],
                 last["message_id"],
                 datetime.now(UTC),
                 row["job_id"],
@@ -390,7 +434,7 @@ def operation_document(row: asyncpg.Record) -> dict[str, Any]:
         "job": {"id": str(row["job_id"]), "status": row["job_status"]} if row["job_id"] else None,
         "reply": reply,
         "error": error,
-        "owner": row["owner"] if status == "needs_review" else None,
+        "owner": (row["op_owner"] or row["owner"]) if status in ACTIONABLE else None,
         "resolution": resolution,
         "retries": row["retries"],
     }

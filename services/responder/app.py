@@ -10,17 +10,18 @@ import logging
 import asyncpg
 import httpx
 
+from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer, RetryTiers
+from shared.broker.dead_letters import DeadLetterRecorder
 from shared.broker.publisher import ConfirmingPublisher
-from shared.broker.topology import RESPONDER_QUEUE, build_topology
+from shared.broker.topology import RESPONDER_DEAD_QUEUE, RESPONDER_QUEUE, build_topology
 from shared.db import create_pool
 from shared.lifecycle import freeze_startup_heap
 from shared.migrate import migrate_dsn
 from shared.ops_http import consumer_readiness, ops_server
 from shared.settings import Settings
 
-from .alerts import Alerter
 from .handler import Responder
 from .idempotency import JobStore
 from .llm import FactsWriter, OpenAIWriter, ReplyWriter, facts_text
@@ -110,11 +111,23 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         prefetch=settings.responder_concurrency,
         retry=RetryTiers(ConfirmingPublisher(retry_broker), settings.retry_delays(), settings.max_attempts),
         on_give_up=responder.give_up,
+        delivery_limit=topology.queue(RESPONDER_QUEUE).delivery_limit,
+    )
+    dead = Consumer(
+        consume_broker,
+        RESPONDER_DEAD_QUEUE,
+        DeadLetterRecorder(pool, RESPONDER_DEAD_QUEUE, responder.dead_lettered).handle,
+        prefetch=10,
     )
 
-    server = ops_server(consumer_readiness(consumer, pool), settings.http_host, settings.metrics_port)
+    server = ops_server(
+        consumer_readiness(consumer, pool, stall_seconds=settings.consumer_stall_seconds, others=[dead]),
+        settings.http_host,
+        settings.metrics_port,
+    )
     freeze_startup_heap()
     consumer_task = asyncio.create_task(consumer.run(), name="consumer")
+    dead_task = asyncio.create_task(dead.run(), name="dead-letters")
     server_task = asyncio.create_task(server.serve(), name="ops-http")
     logger.info(
         "responder running: platforms %s, writer %s, %d job(s) in flight at most",
@@ -123,13 +136,18 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         settings.responder_concurrency,
     )
     stopper = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({stopper, consumer_task, server_task}, return_when=asyncio.FIRST_COMPLETED)
+    done, _ = await asyncio.wait(
+        {stopper, consumer_task, dead_task, server_task}, return_when=asyncio.FIRST_COMPLETED
+    )
     for task in done:
         if task is not stopper and task.exception():
             logger.error("%s stopped unexpectedly", task.get_name(), exc_info=task.exception())
-    await consumer.stop(drain_seconds=settings.shutdown_grace_seconds)
+    await asyncio.gather(
+        consumer.stop(drain_seconds=settings.shutdown_grace_seconds),
+        dead.stop(drain_seconds=settings.shutdown_grace_seconds),
+    )
     server.should_exit = True
-    for task in (consumer_task, server_task):
+    for task in (consumer_task, dead_task, server_task):
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=5)
     stopper.cancel()

@@ -5,8 +5,11 @@ the lack of one) means for the job.
   model timeout). A 429's retry-after is kept.
 - permanent: trying again cannot help (other 4xx: bad request, chat gone, bot blocked,
   quota exhausted).
-- unknown: the request may have reached the platform and the answer was lost (timeout
-  or reset after the request was sent). Never re-sent blindly.
+- unknown: a request that acts (a send) may have reached the platform and acted, and the
+  answer does not say: a timeout or reset after the request was sent, or a gateway's 502
+  or 504 (the gateway gave up waiting; the platform behind it may have finished). Never
+  re-sent blindly: Avito reconciles by listing the chat, a generic receiver re-sends under
+  the same Idempotency-Key, and Telegram, which can do neither, goes to a person.
 """
 
 from __future__ import annotations
@@ -34,11 +37,20 @@ class Failure(Exception):
         return f"{self.kind}: {self.reason}"
 
 
-def classify_status(status: int, detail: str = "", retry_after: float | None = None) -> Failure | None:
-    """A platform's HTTP answer. None for success."""
+#: Gateway answers: the proxy in front of the platform gave up; the platform may have acted.
+GATEWAY_STATUSES = (502, 504)
+
+
+def classify_status(
+    status: int, detail: str = "", retry_after: float | None = None, *, acts: bool = False
+) -> Failure | None:
+    """A platform's HTTP answer. None for success. ``acts``: the request changes something
+    on the platform (a send), so an answer that does not say whether it did is unknown."""
     if 200 <= status < 300:
         return None
     text = f"HTTP {status}" + (f": {detail}" if detail else "")
+    if acts and status in GATEWAY_STATUSES:
+        return Failure(Kind.UNKNOWN, f"the platform's gateway gave up; the send may have happened ({text})")
     if status == 429:
         return Failure(Kind.TRANSIENT, f"rate limited ({text})", retry_after)
     if status == 408 or status >= 500:

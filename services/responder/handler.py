@@ -17,16 +17,17 @@ from collections.abc import Mapping
 from aio_pika.abc import AbstractIncomingMessage
 from pydantic import ValidationError
 
+from shared.alerts import Alerter
 from shared.broker.consumer import Reject, RetryLater
 from shared.faults import fault_point
 from shared.messages import ReplyJob
 from shared.retry import attempt_of
+from shared.state.job import DeliveryStatus
 
-from .alerts import Alerter
 from .failures import Failure, Kind
 from .idempotency import Job, JobBusy, JobSession, JobStore, Reconcile, Skip
 from .llm import ReplyWriter, cut
-from .platforms.base import Platform
+from .platforms.base import Platform, SentQuery
 
 logger = logging.getLogger(__name__)
 
@@ -59,7 +60,9 @@ class Responder:
             async with self._store.exclusive(wire.job_id) as db:
                 await self._handle(db, wire.job_id, attempt)
         except JobBusy as busy:
-            raise RetryLater(str(busy), kind="busy") from None
+            # Another copy is being handled now; its holder decides the outcome. Waiting
+            # for it is not an attempt of this job.
+            raise RetryLater(str(busy), kind="busy", counts=False) from None
 
     async def _handle(self, db: JobSession, job_id: uuid.UUID, attempt: int) -> None:
         state = await db.claim(job_id, attempt)
@@ -69,6 +72,7 @@ class Responder:
         job = state.job if isinstance(state, Reconcile) else state
         platform = self._platforms.get(job.platform)
         if platform is None:
+            await self._give_up(db, job.job_id, "permanent", f"{job.platform} replies are not configured")
             raise Reject(f"{job.platform} replies are not configured in this responder")
         if isinstance(state, Reconcile):
             await self._reconcile(db, state, platform, attempt)
@@ -124,26 +128,28 @@ class Responder:
         return cut(await self._writer.write(job.history, [m.text for m in job.messages]), platform.max_text)
 
     async def _failed(self, db: JobSession, job: Job, failure: Failure, *, stage: str) -> None:
-        """A failure before anything was sent: retry later, or give up for good."""
+        """A failure that left nothing on the platform: retry later, or give up for good."""
+        reason = f"{stage}: {failure.reason}"
         if failure.kind is Kind.PERMANENT:
-            raise Reject(f"{stage}: {failure.reason}")
-        await db.record_retry(job.job_id, "transient", f"{stage}: {failure.reason}")
-        raise RetryLater(
-            f"{stage}: {failure.reason}", kind=f"{stage}_{failure.kind}", retry_after=failure.retry_after
-        )
+            await self._give_up(db, job.job_id, "permanent", reason)
+            raise Reject(reason)
+        await db.record_retry(job.job_id, "transient", reason)
+        raise RetryLater(reason, kind=f"{stage}_{failure.kind}", retry_after=failure.retry_after)
 
     async def _send_failed(self, db: JobSession, job: Job, platform: Platform, failure: Failure) -> None:
         if failure.kind is not Kind.UNKNOWN:
-            await db.record_delivery(job.job_id, "not_sent", failure.reason)
+            await db.record_delivery(job.job_id, DeliveryStatus.NOT_SENT, failure.reason)
             await self._failed(db, job, failure, stage=platform.name)
             return
-        await db.record_delivery(job.job_id, "unknown", failure.reason)
+        await db.record_delivery(job.job_id, DeliveryStatus.UNKNOWN, failure.reason)
         if platform.idempotent or platform.can_reconcile:
             # Generic: re-sending with the same Idempotency-Key is safe. Avito: the next
             # attempt lists the chat for our reply before sending anything.
             await db.record_retry(job.job_id, "unknown", f"{platform.name}: {failure.reason}")
             raise RetryLater(f"{platform.name}: {failure.reason}", kind="unknown_outcome")
-        await self._needs_review(db, job, f"{platform.name}: {failure.reason}; check the chat and resolve")
+        # Telegram: nothing can tell whether it went out. The delivery says unknown, so
+        # giving up hands the job to a person (needs_review), never to "failed".
+        await self._give_up(db, job.job_id, "unknown", f"{platform.name}: {failure.reason}")
 
     async def _reconcile(self, db: JobSession, state: Reconcile, platform: Platform, attempt: int) -> None:
         job = state.job
@@ -153,7 +159,16 @@ class Responder:
             return
         if platform.can_reconcile:
             try:
-                found = await platform.find_sent(job.account_id, job.chat_id, state.text, state.started_at)
+                found = await platform.find_sent(
+                    SentQuery(
+                        account_id=job.account_id,
+                        chat_id=job.chat_id,
+                        key=str(job.job_id),
+                        text=state.text,
+                        started_at=state.started_at,
+                        exclude=frozenset(await db.recorded_message_ids(job)),
+                    )
+                )
             except Failure as failure:
                 await db.record_retry(job.job_id, "unknown", f"reconciling: {failure.reason}")
                 raise RetryLater(
@@ -166,44 +181,44 @@ class Responder:
             logger.info("job %s: our reply is not in the chat; sending it", job.job_id)
             await self._reply(db, job, platform, attempt, text=state.text)
             return
-        await self._needs_review(
+        await self._give_up(
             db,
-            job,
-            f"{platform.name} cannot tell whether the reply went out (a send was interrupted); "
-            "check the chat and resolve",
+            job.job_id,
+            "unknown",
+            f"{platform.name} cannot tell whether the reply went out (a send was interrupted)",
         )
 
-    async def _needs_review(self, db: JobSession, job: Job, reason: str) -> None:
-        settled = await db.finish_unsent(job.job_id, "needs_review", "unknown", reason, owner=self._owner)
-        if settled is not None:
-            logger.warning("job %s needs review (owner %s): %s", job.job_id, self._owner, reason)
-            await self._alerter.announce(
-                "operation.needs_review",
-                {
-                    "job_id": str(job.job_id),
-                    "chat": job.chat_key,
-                    "operations": [str(o) for o in settled.operation_ids],
-                    "reason": reason,
-                    "owner": self._owner,
-                },
-            )
+    async def _give_up(self, db: JobSession | JobStore, job_id: uuid.UUID, kind: str, reason: str) -> None:
+        """Give up under the job's lock (see chatq_give_up) and tell a person what changed."""
+        settled = await db.give_up(job_id, kind, reason, self._owner)
+        if settled.outcome == "busy":
+            logger.info("job %s: not giving up, another consumer holds it: %s", job_id, reason)
+            return
+        if settled.outcome == "final":
+            return
+        logger.warning("job %s %s (owner %s): %s", job_id, settled.outcome, self._owner, reason)
+        await self._alerter.announce(
+            f"operation.{settled.outcome}",
+            {
+                "job_id": str(job_id),
+                "chat": settled.chat_key,
+                "operations": [str(o) for o in settled.operation_ids],
+                "reason": reason,
+                "kind": kind,
+                "owner": self._owner,
+            },
+        )
 
     async def give_up(self, message: AbstractIncomingMessage, kind: str, reason: str) -> None:
-        """Consumer hook before a job is dead-lettered: the job and its operations fail."""
+        """Consumer hook before a job is dead-lettered (permanent, exhausted, or at the
+        broker's delivery limit): the job goes to a person, failed or needs_review."""
         try:
             job_id = uuid.UUID(message.message_id or "")
         except ValueError:
             return
-        settled = await self._store.finish_unsent(job_id, "failed", kind, reason)
-        if settled is not None:
-            logger.warning("job %s failed (%s): %s", job_id, kind, reason)
-            await self._alerter.announce(
-                "operation.failed",
-                {
-                    "job_id": str(job_id),
-                    "chat": settled.chat_key,
-                    "operations": [str(o) for o in settled.operation_ids],
-                    "reason": reason,
-                    "kind": kind,
-                },
-            )
+        await self._give_up(self._store, job_id, kind, reason)
+
+    async def dead_lettered(self, message: AbstractIncomingMessage, reason: str) -> None:
+        """The dead-letter recorder's hook: a job that reached chatq.responder.dead without
+        a give-up (the broker's delivery limit after crashes) goes to a person too."""
+        await self.give_up(message, "exhausted", reason)

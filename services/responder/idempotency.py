@@ -1,11 +1,13 @@
 """The responder's state in Postgres: every decision about a job is taken here, before
-any side effect, and every state change is one transaction.
+any side effect, and every state change is one transaction (the job functions of
+shared/functions/30_jobs.sql, under the transition tables of shared/state).
 
 - A job already final (sent, failed, needs_review, superseded) is skipped.
 - A job whose delivery says ``sending`` or ``unknown`` may already be on the platform:
-  it is reconciled, never re-sent blindly.
-- A job whose messages are all already answered (by a sent job, or older than the chat's
-  last answered message) is superseded.
+  it is reconciled, never re-sent blindly, and giving up on it goes to a person.
+- A job keeps the messages no other reply holds; one whose messages are all answered or
+  held elsewhere is superseded. A message is never dropped because a later one of its
+  chat was answered first.
 - The job, the operations it covers and the chat's last answered message move together.
 """
 
@@ -22,10 +24,9 @@ import asyncpg
 from shared import metrics
 from shared.broker.consumer import Reject
 from shared.messages import chat_key as make_chat_key
+from shared.state.job import DeliveryStatus, lock_key
 
 from .llm import Turn
-
-FINAL = ("sent", "failed", "needs_review", "superseded")
 
 
 @dataclass(frozen=True)
@@ -71,9 +72,11 @@ class Reconcile:
 
 @dataclass(frozen=True)
 class Settled:
-    """What a final transition changed, for alerts and metrics."""
+    """What giving up changed, for alerts and metrics: ``outcome`` is failed or
+    needs_review, or busy / final when nothing changed."""
 
     job_id: uuid.UUID
+    outcome: str
     chat_key: str
     operation_ids: list[uuid.UUID]
 
@@ -104,21 +107,20 @@ class JobStore:
             finally:
                 await session.release()
 
-    async def finish_unsent(
-        self, job_id: uuid.UUID, status: str, kind: str, reason: str, owner: str | None = None
-    ) -> Settled | None:
-        async with self._pool.acquire() as conn:
-            return await JobSession(conn, job_id, 0).finish_unsent(job_id, status, kind, reason, owner)
+    async def give_up(self, job_id: uuid.UUID, kind: str, reason: str, owner: str) -> Settled:
+        """``JobSession.give_up`` on a connection of its own (the consumer's hooks)."""
+        async with self.exclusive(job_id) as session:
+            return await session.give_up(job_id, kind, reason, owner)
 
 
 class JobSession:
     """The job's state changes, on the connection that holds the job. Each is one
-    statement (the functions of migration 0006), so one round trip and one transaction:
-    a reply costs three (claim, before send, record sent)."""
+    statement (the functions of shared/functions/30_jobs.sql), so one round trip and one
+    transaction: a reply costs three (claim, before send, record sent)."""
 
     def __init__(self, conn: asyncpg.Connection, job_id: uuid.UUID, history: int) -> None:
         self._conn = conn
-        self._lock_key = uuid.UUID(bytes=job_id.bytes).int & 0x7FFF_FFFF_FFFF_FFFF
+        self._lock_key = lock_key(job_id)
         self._history = history
         # None: unknown (a claim that raised may have taken it); True: held; False: not held.
         self._locked: bool | None = False
@@ -129,7 +131,9 @@ class JobSession:
         try:
             if self._conn.is_in_transaction():
                 raise asyncpg.InterfaceError("a transaction is still open")
-            await self._conn.execute("SELECT pg_advisory_unlock($1)", self._lock_key)
+            # Session locks outlive a failed statement and stack when taken twice (a give-up
+            # inside the handler): release every one this connection holds (only the job's).
+            await self._conn.execute("SELECT pg_advisory_unlock_all()")
             self._locked = False
         finally:
             if self._locked is not False:
@@ -137,34 +141,35 @@ class JobSession:
 
     async def claim(self, job_id: uuid.UUID, attempt: int) -> Job | Skip | Reconcile:
         self._locked = None
-        rows = await self._conn.fetch(
-            "SELECT * FROM chatq_claim_job($1, $2, $3, $4) ORDER BY pos",
-            job_id,
-            attempt,
-            self._lock_key,
-            self._history,
+        row = await self._conn.fetchrow(
+            "SELECT * FROM chatq_claim($1, $2, $3, $4)", job_id, attempt, self._lock_key, self._history
         )
-        head = rows[0]
-        self._locked = head["outcome"] != "busy"
-        if head["outcome"] == "busy":
+        assert row is not None
+        self._locked = row["outcome"] != "busy"
+        if row["outcome"] == "busy":
             raise JobBusy(f"job {job_id} is being handled by another consumer")
-        if head["outcome"] == "missing":
+        if row["outcome"] == "missing":
             raise Reject(f"job {job_id} is not in the database")
-        if head["outcome"] == "skip":
-            return Skip(head["reason"])
-        job = Job(
-            job_id,
-            head["platform"],
-            head["account_id"],
-            head["chat_id"],
-            tuple(_message(r) for r in rows if r["operation_id"] is not None),
-            tuple(
-                Turn(role, text)
-                for role, text in zip(head["history_roles"] or (), head["history_texts"] or (), strict=True)
-            ),
+        if row["outcome"] == "skip":
+            return Skip(row["reason"])
+        messages = tuple(
+            Message(*m)
+            for m in zip(
+                row["operation_ids"] or (),
+                row["message_ids"] or (),
+                row["texts"] or (),
+                row["sent_ats"] or (),
+                row["received_ats"] or (),
+                strict=True,
+            )
         )
-        if head["outcome"] == "reconcile":
-            return Reconcile(job, head["delivery_text"], head["delivery_started_at"], head["delivery_status"])
+        history = tuple(
+            Turn(role, text)
+            for role, text in zip(row["history_roles"] or (), row["history_texts"] or (), strict=True)
+        )
+        job = Job(job_id, row["platform"], row["account_id"], row["chat_id"], messages, history)
+        if row["outcome"] == "reconcile":
+            return Reconcile(job, row["delivery_text"], row["delivery_started_at"], row["delivery_status"])
         return job
 
     async def before_send(self, job: Job, text: str, attempt: int, *, fold: bool = True) -> Job:
@@ -185,14 +190,6 @@ class JobSession:
         merged = sorted((*job.messages, *(_message(r) for r in rows)), key=_platform_order)
         return replace(job, messages=tuple(merged))
 
-    async def record_delivery(self, job_id: uuid.UUID, status: str, error: str) -> None:
-        await self._conn.execute(
-            "UPDATE deliveries SET status = $2, error = $3, finished_at = now() WHERE job_id = $1",
-            job_id,
-            status,
-            error[:500],
-        )
-
     async def record_sent(self, job: Job, text: str, platform_message_id: str) -> datetime:
         last = max(job.messages, key=_platform_order)
         row = await self._conn.fetchrow(
@@ -211,54 +208,66 @@ class JobSession:
         metrics.OPERATIONS.labels(outcome="replied").inc(len(row["received_ats"]))
         return sent_at
 
+    async def recorded_message_ids(self, job: Job, limit: int = 200) -> list[str]:
+        """The platform ids of the chat's replies already recorded (newest first): an
+        identical reply of an earlier job must never be taken for this job's."""
+        rows = await self._conn.fetch(
+            """
+            SELECT platform_message_id FROM reply_jobs
+            WHERE chat_key = $1 AND status = 'sent' AND platform_message_id IS NOT NULL AND id <> $2
+            ORDER BY sent_at DESC LIMIT $3
+            """,
+            job.chat_key,
+            job.job_id,
+            limit,
+        )
+        return [r["platform_message_id"] for r in rows]
+
+    async def record_delivery(self, job_id: uuid.UUID, status: DeliveryStatus, error: str) -> None:
+        """The attempt's outcome when no reply was recorded: not sent, or unknown."""
+        await self._conn.execute(
+            """
+            UPDATE deliveries SET status = $2, error = $3, finished_at = now()
+            WHERE job_id = $1 AND status = ANY(chatq_delivery_sources($2))
+            """,
+            job_id,
+            status.value,
+            error[:500],
+        )
+
     async def record_retry(self, job_id: uuid.UUID, kind: str, reason: str) -> None:
         """Back to pending until the retry tier hands it back; the chat stays blocked."""
         await self._conn.execute(
             """
             UPDATE reply_jobs SET status = 'pending', error_kind = $2, error_message = $3, updated_at = now()
-            WHERE id = $1 AND status NOT IN ('sent', 'failed', 'needs_review', 'superseded')
+            WHERE id = $1 AND status = ANY(chatq_job_sources('pending'))
             """,
             job_id,
             kind,
             reason[:500],
         )
 
-    async def finish_unsent(
-        self, job_id: uuid.UUID, status: str, kind: str, reason: str, owner: str | None = None
-    ) -> Settled | None:
-        """failed or needs_review, with the reason (and owner). None if already final."""
-        assert status in ("failed", "needs_review")
-        conn = self._conn
-        async with conn.transaction():
-            row = await conn.fetchrow(
-                """
-                UPDATE reply_jobs SET status = $2, error_kind = $3, error_message = $4, owner = $5, updated_at = now()
-                WHERE id = $1 AND status NOT IN ('sent', 'failed', 'needs_review', 'superseded')
-                RETURNING chat_key, operation_ids
-                """,
-                job_id,
-                status,
-                kind,
-                reason[:500],
-                owner,
-            )
-            if row is None:
-                return None
-            if status == "failed":
-                # Nothing was sent: the messages may be answered by a retry.
-                await conn.execute("DELETE FROM reply_coverage WHERE job_id = $1", job_id)
-            changed = await conn.fetch(
-                """
-                UPDATE operations SET status = $2, status_reason = $3, updated_at = now()
-                WHERE id = ANY($1::uuid[]) AND status NOT IN ('replied', 'ignored')
-                RETURNING id
-                """,
-                row["operation_ids"],
-                status,
-                reason[:500],
-            )
-        metrics.OPERATIONS.labels(outcome=status).inc(len(changed))
-        return Settled(job_id, row["chat_key"], [r["id"] for r in changed])
+    async def give_up(self, job_id: uuid.UUID, kind: str, reason: str, owner: str) -> Settled:
+        """Stop trying (see chatq_give_up): needs_review when the last send may have
+        reached the chat, failed otherwise; nothing when another session holds the job or
+        it is final already."""
+        held, self._locked = self._locked, None
+        row = await self._conn.fetchrow(
+            "SELECT * FROM chatq_give_up($1, $2, $3, $4, $5)",
+            job_id,
+            kind,
+            reason[:500],
+            owner,
+            self._lock_key,
+        )
+        assert row is not None
+        # The function takes the lock (a second time when this session holds it) and
+        # releases what it took.
+        self._locked = held
+        settled = Settled(job_id, row["outcome"], row["chat_key"] or "", list(row["operation_ids"] or ()))
+        if settled.outcome in ("failed", "needs_review"):
+            metrics.OPERATIONS.labels(outcome=settled.outcome).inc(len(settled.operation_ids))
+        return settled
 
 
 def _message(r: asyncpg.Record) -> Message:

@@ -1,5 +1,6 @@
 """The one consumer wrapper. Handlers process a message and raise to signal; they never
-ack. This module alone decides what each outcome means for the message:
+ack. This module alone decides what each outcome means for the message, and settles it
+in one step per outcome:
 
 =====================================  ==============================================
 handler outcome                         what happens to the message
@@ -10,14 +11,23 @@ raises ``Reject``                       ``on_give_up``, then nack without requeu
 raises ``RetryLater``                   a confirmed publish to the retry tier for the
                                         next attempt (header ``chatq-attempt``), then
                                         ack; when attempts are exhausted, ``on_give_up``
-                                        then dead-letter
+                                        then dead-letter. ``counts=False`` (waiting for
+                                        another holder) republishes on the same attempt
 infrastructure error (Postgres or       kept unacked and retried in-process with
 network down, serialization failure)    backoff until it works or the process stops;
                                         a stopping process requeues it
-anything else (a bug, a poison input)   nack with requeue after a pause; the quorum
-                                        queue's delivery-limit dead-letters a message
-                                        that keeps failing
+anything else (a bug, a poison input)   nack with requeue after a pause; on the last
+                                        delivery the quorum queue allows (header
+                                        ``x-delivery-count``), ``on_give_up`` then
+                                        dead-letter instead
 =====================================  ==============================================
+
+Settling can fail too. A retry tier that cannot be published to (connection refused,
+a nack, a closed channel) resets the publisher and tries again with backoff, the message
+still unacked; a give-up hook that cannot reach Postgres is retried the same way; a
+stopping process requeues what it could not settle. Only an ack or nack that fails
+because our own channel went away is left to the broker, which redelivers the message.
+Readiness sees a consumer that stopped making progress: ``oldest_unsettled_seconds``.
 """
 
 from __future__ import annotations
@@ -26,19 +36,19 @@ import asyncio
 import contextlib
 import enum
 import logging
+import time
 from collections.abc import Awaitable, Callable, Sequence
 from dataclasses import dataclass
 
 import aiormq
 import asyncpg
 from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
-from aio_pika.exceptions import DeliveryError
 
 from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.broker.topology import RETRY_EXCHANGE, retry_tier_name
 from shared.metrics import RETRIES
-from shared.retry import ATTEMPT_HEADER, ERROR_HEADER, attempt_of, next_retry
+from shared.retry import ATTEMPT_HEADER, ERROR_HEADER, attempt_of, delivery_count_of, next_retry
 
 logger = logging.getLogger(__name__)
 
@@ -49,13 +59,17 @@ class Reject(Exception):
 
 class RetryLater(Exception):
     """Try this message again later, through the consumer's retry tiers. ``kind`` labels
-    the retry in metrics (no ids); ``retry_after`` is a wait the platform asked for."""
+    the retry in metrics (no ids); ``retry_after`` is a wait the platform asked for;
+    ``counts=False`` when this was not an attempt (another consumer holds the work)."""
 
-    def __init__(self, reason: str, *, kind: str = "transient", retry_after: float | None = None) -> None:
+    def __init__(
+        self, reason: str, *, kind: str = "transient", retry_after: float | None = None, counts: bool = True
+    ) -> None:
         super().__init__(reason)
         self.reason = reason
         self.kind = kind
         self.retry_after = retry_after
+        self.counts = counts
 
 
 @dataclass(frozen=True)
@@ -99,9 +113,18 @@ def classify(exc: BaseException | None) -> Outcome:
     return Outcome.REQUEUE
 
 
+def last_delivery(headers: dict[str, object] | None, delivery_limit: int | None) -> bool:
+    """Whether a requeue now would make the broker dead-letter the message (its quorum
+    queue has seen ``delivery_limit`` unsuccessful deliveries). Pure; unit-tested."""
+    return delivery_limit is not None and delivery_count_of(headers) >= delivery_limit
+
+
 Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
 #: Called before a message is dead-lettered: (message, "permanent" | "exhausted", reason).
 GiveUpHook = Callable[[AbstractIncomingMessage, str, str], Awaitable[None]]
+
+#: Errors of an ack or nack on our own channel: it went away, the broker redelivers.
+_CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
 
 
 class Consumer:
@@ -114,6 +137,7 @@ class Consumer:
         prefetch: int,
         retry: RetryTiers | None = None,
         on_give_up: GiveUpHook | None = None,
+        delivery_limit: int | None = None,
         requeue_pause: float = 1.0,
         max_backoff: float = 5.0,
     ) -> None:
@@ -123,13 +147,25 @@ class Consumer:
         self._prefetch = prefetch
         self._retry = retry
         self._on_give_up = on_give_up
+        self._delivery_limit = delivery_limit
         self._requeue_pause = requeue_pause
         self._max_backoff = max_backoff
         self._stopping = asyncio.Event()
-        self._in_flight: set[asyncio.Task[None]] = set()
+        self._in_flight: dict[asyncio.Task[None], float] = {}
         self._channel: AbstractChannel | None = None
         self._consumer_tag: str | None = None
         self.consuming = False
+
+    @property
+    def queue(self) -> str:
+        return self._queue
+
+    def oldest_unsettled_seconds(self) -> float:
+        """How long the oldest message this consumer holds has waited to be settled (0 when
+        it holds none): a consumer that stopped making progress shows here."""
+        if not self._in_flight:
+            return 0.0
+        return time.monotonic() - min(self._in_flight.values())
 
     async def run(self) -> None:
         """Consume until ``stop``; reconnect after broker outages."""
@@ -161,8 +197,7 @@ class Consumer:
                     "consumer of %s: %s: %s; retrying in %.1fs", self._queue, type(exc).__name__, exc, backoff
                 )
                 await self._broker.reset()
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=backoff)
+                await self._pause(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
 
     async def stop(self, *, drain_seconds: float = 20.0) -> None:
@@ -174,7 +209,7 @@ class Consumer:
                 queue = await channel.get_queue(self._queue, ensure=False)
                 await queue.cancel(self._consumer_tag)
         if self._in_flight:
-            _, pending = await asyncio.wait(self._in_flight, timeout=drain_seconds)
+            _, pending = await asyncio.wait(set(self._in_flight), timeout=drain_seconds)
             for task in pending:
                 task.cancel()
             if pending:
@@ -187,8 +222,18 @@ class Consumer:
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
         task = asyncio.create_task(self._process(message))
-        self._in_flight.add(task)
-        task.add_done_callback(self._in_flight.discard)
+        self._in_flight[task] = time.monotonic()
+        task.add_done_callback(self._settled)
+
+    def _settled(self, task: asyncio.Task[None]) -> None:
+        self._in_flight.pop(task, None)
+        if not task.cancelled() and task.exception() is not None:
+            logger.error("settling a message of %s failed", self._queue, exc_info=task.exception())
+
+    async def _pause(self, seconds: float) -> None:
+        """Wait, but no longer than until the consumer is asked to stop."""
+        with contextlib.suppress(TimeoutError):
+            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
 
     async def _process(self, message: AbstractIncomingMessage) -> None:
         backoff = 0.1
@@ -203,97 +248,169 @@ class Consumer:
             outcome = classify(error)
             if outcome is Outcome.RETRY_TIER and self._retry is None:
                 outcome = Outcome.RETRY_IN_PROCESS
-            try:
-                if outcome is Outcome.ACK:
-                    await message.ack()
-                elif outcome is Outcome.DEAD_LETTER:
-                    await self._dead_letter(message, "permanent", str(error))
-                elif outcome is Outcome.RETRY_TIER:
-                    assert isinstance(error, RetryLater) and self._retry is not None
-                    attempt = attempt_of(message.headers)
-                    plan = next_retry(
-                        attempt,
-                        max_attempts=self._retry.max_attempts,
-                        tiers=self._retry.tiers,
-                        retry_after=error.retry_after,
-                    )
-                    if plan is None:
-                        await self._dead_letter(
-                            message, "exhausted", f"gave up after {attempt} attempts: {error.reason}"
-                        )
-                    else:
-                        await self._retry.publisher.publish(
-                            OutgoingMessage(
-                                exchange=RETRY_EXCHANGE,
-                                routing_key=retry_tier_name(plan.delay),
-                                message_id=message.message_id or "",
-                                body=message.body,
-                                headers={
-                                    **(message.headers or {}),
-                                    ATTEMPT_HEADER: plan.next_attempt,
-                                    ERROR_HEADER: error.reason[:200],
-                                },
-                            )
-                        )
-                        RETRIES.labels(reason=error.kind).inc()
-                        logger.info(
-                            "retrying %s in %gs (attempt %d of %d): %s",
-                            message.message_id,
-                            plan.delay,
-                            plan.next_attempt,
-                            self._retry.max_attempts,
-                            error.reason,
-                        )
-                        await message.ack()
-                elif outcome is Outcome.RETRY_IN_PROCESS:
-                    if self._stopping.is_set():
-                        await message.nack(requeue=True)
-                        return
-                    logger.warning(
-                        "message %s on %s: %s: %s; retrying in %.1fs",
-                        message.message_id,
-                        self._queue,
-                        type(error).__name__,
-                        error,
-                        backoff,
-                    )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stopping.wait(), timeout=backoff)
-                    backoff = min(backoff * 2, self._max_backoff)
-                    continue
-                else:
-                    logger.error(
-                        "message %s on %s failed; requeued (the delivery limit dead-letters it if it keeps failing)",
-                        message.message_id,
-                        self._queue,
-                        exc_info=error,
-                    )
-                    with contextlib.suppress(TimeoutError):
-                        await asyncio.wait_for(self._stopping.wait(), timeout=self._requeue_pause)
-                    await message.nack(requeue=True)
-            except (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError) as exc:
-                # The channel went away: the broker redelivers the message to someone.
-                logger.warning("could not settle %s on %s: %s", message.message_id, self._queue, exc)
-            except Exception as exc:
-                # A give-up hook or retry publish failed (Postgres or the broker away):
-                # keep the message and decide again once they answer.
-                if classify(exc) is not Outcome.RETRY_IN_PROCESS and not isinstance(exc, DeliveryError):
-                    raise
-                logger.warning(
-                    "settling %s failed (%s: %s); retrying", message.message_id, type(exc).__name__, exc
-                )
-                with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stopping.wait(), timeout=backoff)
-                backoff = min(backoff * 2, self._max_backoff)
+            if outcome is Outcome.RETRY_IN_PROCESS:
                 if self._stopping.is_set():
-                    with contextlib.suppress(Exception):
-                        await message.nack(requeue=True)
+                    await self._nack_requeue(message)
                     return
+                logger.warning(
+                    "message %s on %s: %s: %s; retrying in %.1fs",
+                    message.message_id,
+                    self._queue,
+                    type(error).__name__,
+                    error,
+                    backoff,
+                )
+                await self._pause(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
                 continue
+            if outcome is Outcome.ACK:
+                await self._ack(message)
+            elif outcome is Outcome.DEAD_LETTER:
+                await self._dead_letter(message, "permanent", str(error))
+            elif outcome is Outcome.RETRY_TIER:
+                assert isinstance(error, RetryLater)
+                await self._retry_tier(message, error)
+            else:
+                await self._requeue(message, error)
             return
 
+    # ---- one settle step per outcome ----------------------------------------------
+
+    async def _ack(self, message: AbstractIncomingMessage) -> None:
+        try:
+            await message.ack()
+        except _CHANNEL_GONE as exc:
+            logger.warning("could not ack %s on %s: %s", message.message_id, self._queue, exc)
+
+    async def _nack_requeue(self, message: AbstractIncomingMessage) -> None:
+        try:
+            await message.nack(requeue=True)
+        except _CHANNEL_GONE as exc:
+            logger.warning("could not requeue %s on %s: %s", message.message_id, self._queue, exc)
+
+    async def _until_done(
+        self,
+        message: AbstractIncomingMessage,
+        what: str,
+        step: Callable[[], Awaitable[None]],
+        *,
+        after_error: Callable[[BaseException], Awaitable[bool]],
+    ) -> bool:
+        """Run a settle step until it works, the message unacked meanwhile, with backoff.
+        ``after_error`` returns False to stop retrying (the step is skipped). Returns
+        False when the process stops first: the message is requeued."""
+        backoff = 0.1
+        while True:
+            try:
+                await step()
+                return True
+            except Exception as exc:
+                if not await after_error(exc):
+                    return True
+                if self._stopping.is_set():
+                    await self._nack_requeue(message)
+                    return False
+                logger.warning(
+                    "%s for %s on %s failed (%s: %s); retrying in %.1fs",
+                    what,
+                    message.message_id,
+                    self._queue,
+                    type(exc).__name__,
+                    exc,
+                    backoff,
+                )
+                await self._pause(backoff)
+                backoff = min(backoff * 2, self._max_backoff)
+
     async def _dead_letter(self, message: AbstractIncomingMessage, kind: str, reason: str) -> None:
-        if self._on_give_up is not None:
-            await self._on_give_up(message, kind, reason)
+        """``on_give_up`` (retried until it works: the record must exist before the message
+        leaves), then reject without requeue so the DLX takes it."""
+        hook = self._on_give_up
+        if hook is not None:
+
+            async def transient(exc: BaseException) -> bool:
+                if classify(exc) is Outcome.RETRY_IN_PROCESS:
+                    return True
+                # A bug in the hook: dead-letter anyway; the dead-letter recorder records
+                # the message from the queue.
+                logger.error(
+                    "give-up hook failed for %s on %s", message.message_id, self._queue, exc_info=exc
+                )
+                return False
+
+            if not await self._until_done(
+                message, "give-up", lambda: hook(message, kind, reason), after_error=transient
+            ):
+                return
         logger.warning("dead-lettering %s from %s (%s): %s", message.message_id, self._queue, kind, reason)
-        await message.reject(requeue=False)
+        try:
+            await message.reject(requeue=False)
+        except _CHANNEL_GONE as exc:
+            logger.warning("could not dead-letter %s on %s: %s", message.message_id, self._queue, exc)
+
+    async def _retry_tier(self, message: AbstractIncomingMessage, error: RetryLater) -> None:
+        retry = self._retry
+        assert retry is not None
+        attempt = attempt_of(message.headers)
+        plan = next_retry(
+            attempt,
+            max_attempts=retry.max_attempts,
+            tiers=retry.tiers,
+            retry_after=error.retry_after,
+            counts=error.counts,
+        )
+        if plan is None:
+            await self._dead_letter(message, "exhausted", f"gave up after {attempt} attempts: {error.reason}")
+            return
+        outgoing = OutgoingMessage(
+            exchange=RETRY_EXCHANGE,
+            routing_key=retry_tier_name(plan.delay),
+            message_id=message.message_id or "",
+            body=message.body,
+            headers={
+                **{k: v for k, v in (message.headers or {}).items() if not k.startswith("x-")},
+                ATTEMPT_HEADER: plan.next_attempt,
+                ERROR_HEADER: error.reason[:200],
+            },
+        )
+
+        async def reset(_: BaseException) -> bool:
+            # Not confirmed (connection refused, a nack, a closed channel): a fresh channel
+            # next time; the message stays ours, unacked, until the tier has it.
+            await retry.publisher.reset()
+            return True
+
+        if not await self._until_done(
+            message, "publish to the retry tier", lambda: retry.publisher.publish(outgoing), after_error=reset
+        ):
+            return
+        RETRIES.labels(reason=error.kind).inc()
+        logger.info(
+            "retrying %s in %gs (attempt %d of %d): %s",
+            message.message_id,
+            plan.delay,
+            plan.next_attempt,
+            retry.max_attempts,
+            error.reason,
+        )
+        await self._ack(message)
+
+    async def _requeue(self, message: AbstractIncomingMessage, error: BaseException | None) -> None:
+        if last_delivery(message.headers, self._delivery_limit):
+            await self._dead_letter(
+                message,
+                "exhausted",
+                f"failed on each of {delivery_count_of(message.headers) + 1} deliveries: "
+                f"{type(error).__name__}: {error}",
+            )
+            return
+        logger.error(
+            "message %s on %s failed; requeued (delivery %d of %s)",
+            message.message_id,
+            self._queue,
+            delivery_count_of(message.headers) + 1,
+            self._delivery_limit + 1 if self._delivery_limit is not None else "unlimited",
+            exc_info=error,
+        )
+        await self._pause(self._requeue_pause)
+        await self._nack_requeue(message)

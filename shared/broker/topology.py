@@ -67,6 +67,12 @@ class Queue:
     def args(self) -> dict[str, Any]:
         return dict(self.arguments)
 
+    @property
+    def delivery_limit(self) -> int | None:
+        """The quorum queue's limit of unsuccessful deliveries before it dead-letters."""
+        value = self.args.get("x-delivery-limit")
+        return int(value) if value is not None else None
+
 
 @dataclass(frozen=True)
 class Binding:

@@ -6,8 +6,9 @@ they receive, and fail on demand.
 Failure behaviours, queued per target with ``FakeWorld.fail(target, *behaviours)`` and
 used one per call: ``"500"``/``"503"``/``"400"``/``"403"`` (that status), ``"429:N"``
 (rate limited, retry after N s), ``"lost"`` (do the action, then hold the answer past
-the client's timeout: the outcome is unknown to the caller), ``"slow:N"`` (answer
-after N s), ``"quota"`` (LLM: 429 insufficient_quota).
+the client's timeout: the outcome is unknown to the caller), ``"hang"`` (hold past the
+timeout and do nothing: as unknown to the caller, but nothing happened), ``"slow:N"``
+(answer after N s), ``"quota"`` (LLM: 429 insufficient_quota).
 Targets: telegram.send, avito.send, avito.list, avito.token, generic.send, llm;
 ``telegram.send:<chat_id>`` fails only that chat's sends.
 """
@@ -89,6 +90,11 @@ async def _before(
     b = world.take(target, chat)
     if b is None or b == "lost":
         return b, None
+    if b == "hang":
+        # Hold the request past the client's timeout and do nothing: the caller cannot
+        # tell this from "lost", but nothing happened.
+        await asyncio.sleep(LOST_SECONDS)
+        b = "504"
     if b.startswith("slow:"):
         await asyncio.sleep(float(b.split(":", 1)[1]))
         return b, None
@@ -105,6 +111,9 @@ async def _before(
         body = {"error": {"message": "quota", "type": "insufficient_quota", "code": "insufficient_quota"}}
         return b, JSONResponse(body, status_code=429)
     status = int(b)
+    if target.startswith("avito."):
+        # Avito's error shape (its OpenAPI documents): {"error": {"code", "message"}}.
+        return b, JSONResponse({"error": {"code": status, "message": f"fake {status}"}}, status_code=status)
     return b, JSONResponse(
         {"ok": False, "error_code": status, "description": f"fake {status}"}, status_code=status
     )
@@ -193,7 +202,8 @@ def fake_app(world: FakeWorld) -> FastAPI:
             for m in reversed(world.avito)
             if m["chat_id"] == chat_id and m["user_id"] == user_id
         ]
-        return JSONResponse({"messages": items[: int(request.query_params.get("limit", 100))]})
+        # A bare array, newest first (Avito's ``Messages`` schema).
+        return JSONResponse(items[: int(request.query_params.get("limit", 100))])
 
     @app.post("/generic/replies")
     async def generic_send(request: Request) -> JSONResponse:

@@ -214,8 +214,8 @@ async def test_two_coalescer_replicas_emit_every_window_exactly_once(
     await assert_coalescing_invariants(pool)
 
 
-async def test_a_malformed_message_on_the_inbound_queue_is_dead_lettered(
-    quick, queues: QueueInspector, infra
+async def test_a_malformed_message_on_the_inbound_queue_is_dead_lettered_and_recorded(
+    quick, infra, pool
 ) -> None:
     import aio_pika
 
@@ -229,6 +229,11 @@ async def test_a_malformed_message_on_the_inbound_queue_is_dead_lettered(
             aio_pika.Message(b'{"schema": "nope"}', message_id="bad-1"), routing_key="inbound.x"
         )
         await connection.close()
-        await wait_for(lambda: queues.depth(COALESCER_DEAD_QUEUE), what="the message in chatq.coalescer.dead")
-    (dead,) = await queues.drain(COALESCER_DEAD_QUEUE)
-    assert dead.message_id == "bad-1"
+        dead = await wait_for(
+            lambda: pool.fetch(
+                "SELECT message_id, reason, body FROM dead_letters WHERE queue = $1", COALESCER_DEAD_QUEUE
+            ),
+            what="the message recorded from chatq.coalescer.dead",
+        )
+    assert [(d["message_id"], d["body"]) for d in dead] == [("bad-1", b'{"schema": "nope"}')]
+    assert dead[0]["reason"].startswith("rejected in chatq.coalescer")

@@ -96,8 +96,8 @@ def exported_chatq_metrics() -> set[str]:
     """Every sample name the three services can export."""
     from prometheus_client import REGISTRY
 
-    import services.coalescer.service
-    import services.responder.alerts  # noqa: F401
+    import services.coalescer.service  # noqa: F401
+    import shared.alerts
     import shared.metrics  # noqa: F401
 
     names: set[str] = set()

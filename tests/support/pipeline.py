@@ -3,9 +3,16 @@ and short retry tiers."""
 
 from __future__ import annotations
 
+import asyncpg
+
 from shared.settings import Settings
-from tests.conftest import GENERIC_SECRET, replace
+from tests.conftest import ADMIN_TOKEN, GENERIC_SECRET, TELEGRAM_SECRET, replace
 from tests.fakes.platforms import FakeWorld
+from tests.support.broker import wait_for
+from tests.support.payloads import telegram_update
+
+TG = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
+ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 
 
 def pipeline_settings(settings: Settings, world: FakeWorld, **overrides: object) -> Settings:
@@ -32,3 +39,26 @@ def pipeline_settings(settings: Settings, world: FakeWorld, **overrides: object)
     }
     values.update(overrides)
     return replace(settings, **values)
+
+
+class Pipeline:
+    def __init__(self, client, pool: asyncpg.Pool) -> None:
+        self.client = client
+        self.pool = pool
+
+    async def telegram(self, update_id: int, chat: int, text: str) -> str:
+        r = await self.client.post(
+            "/v1/webhooks/telegram", json=telegram_update(update_id, chat_id=chat, text=text), headers=TG
+        )
+        assert r.status_code == 200
+        return r.json()["operation_id"]
+
+    async def status(self, operation_id: str) -> dict:
+        return (await self.client.get(f"/v1/operations/{operation_id}", headers=ADMIN)).json()
+
+    async def settled(self, operation_id: str, *, within: float = 20) -> dict:
+        async def final() -> dict | None:
+            doc = await self.status(operation_id)
+            return doc if doc["status"] in ("replied", "failed", "needs_review", "ignored") else None
+
+        return await wait_for(final, within=within, what=f"operation {operation_id} to settle")  # type: ignore[return-value]

@@ -19,10 +19,15 @@ async def answer_jobs_until_all_covered(
     async def all_covered() -> bool:
         taken = [ReplyJob.from_bytes(m.body) for m in await queues.drain(RESPONDER_QUEUE)]
         jobs.extend(taken)
-        await pool.execute(
-            "UPDATE reply_jobs SET status = 'sent', reply_text = '(stand-in)', sent_at = now() WHERE id = ANY($1::uuid[])",
-            [j.job_id for j in taken],
-        )
+        ids = [j.job_id for j in taken]
+        async with pool.acquire() as conn, conn.transaction():
+            # The responder's path: claimed (processing), then sent.
+            await conn.execute("UPDATE reply_jobs SET status = 'processing' WHERE id = ANY($1::uuid[])", ids)
+            await conn.execute(
+                "UPDATE reply_jobs SET status = 'sent', reply_text = '(stand-in)', sent_at = now()"
+                " WHERE id = ANY($1::uuid[])",
+                ids,
+            )
         uncovered = await pool.fetchval("SELECT count(*) FROM operations WHERE job_id IS NULL")
         pending = await pool.fetchval("SELECT count(*) FROM reply_jobs WHERE status = 'pending'")
         return uncovered == 0 and pending == 0 and not taken

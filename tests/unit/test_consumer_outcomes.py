@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from shared.broker.consumer import Outcome, Reject, RetryLater, classify
+from shared.broker.consumer import Outcome, Reject, RetryLater, classify, last_delivery
 
 pytestmark = pytest.mark.unit
 
@@ -43,3 +43,12 @@ def test_infrastructure_errors_are_retried_in_process_and_never_dead_lettered(ex
 )
 def test_unexpected_errors_are_requeued_so_the_delivery_limit_catches_poison(exc) -> None:
     assert classify(exc) is Outcome.REQUEUE
+
+
+def test_the_last_delivery_the_broker_allows_is_known_before_a_requeue_would_dead_letter_it() -> None:
+    # A quorum queue with delivery-limit 5 dead-letters a message returned a sixth time:
+    # on the delivery that has seen 5 unsuccessful ones, the consumer gives up itself.
+    assert not last_delivery({"x-delivery-count": 4}, 5)
+    assert last_delivery({"x-delivery-count": 5}, 5)
+    assert not last_delivery(None, 5)
+    assert not last_delivery({"x-delivery-count": 99}, None)

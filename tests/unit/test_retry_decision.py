@@ -2,7 +2,7 @@ from __future__ import annotations
 
 import pytest
 
-from shared.retry import RetryPlan, attempt_of, next_retry
+from shared.retry import RetryPlan, attempt_of, delivery_count_of, next_retry
 
 pytestmark = pytest.mark.unit
 TIERS = (1, 10, 60, 300)
@@ -37,3 +37,15 @@ def test_the_attempt_header_is_read_defensively() -> None:
     assert attempt_of({"chatq-attempt": 3}) == 3
     assert attempt_of({"chatq-attempt": "x"}) == 1
     assert attempt_of({"chatq-attempt": -2}) == 1
+
+
+def test_a_try_that_was_not_an_attempt_never_exhausts_and_keeps_its_attempt_number() -> None:
+    # A copy that found the job busy on the last allowed attempt waits for the holder.
+    assert next_retry(5, max_attempts=5, tiers=TIERS, counts=False) == RetryPlan(5, 1)
+    assert next_retry(5, max_attempts=5, tiers=(10, 1, 60), counts=False) == RetryPlan(5, 1)
+
+
+def test_the_delivery_count_the_broker_sets_is_read_defensively() -> None:
+    assert delivery_count_of(None) == 0
+    assert delivery_count_of({"x-delivery-count": 4}) == 4
+    assert delivery_count_of({"x-delivery-count": "nope"}) == 0

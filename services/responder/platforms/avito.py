@@ -7,15 +7,19 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from datetime import datetime
 
 import httpx
 
 from ..failures import Failure, Kind
 from ..ratelimit import AccountRateLimiter
-from .base import Sent, call, raise_for
+from .base import Sent, SentQuery, call, raise_for
 
 logger = logging.getLogger(__name__)
+
+#: Avito's page size limit for a chat's messages.
+LIST_LIMIT = 100
+#: How far Avito's clock may be from ours when matching an interrupted send by time.
+CLOCK_SKEW_SECONDS = 30.0
 
 
 class AvitoToken:
@@ -65,6 +69,7 @@ class AvitoPlatform:
         self._token = token
         self._client = client
         self._limiter = limiter
+        self._send_timeout = client.timeout.read or 10.0
 
     async def _authorized(self, account_id: str, method: str, url: str, **kwargs: object) -> httpx.Response:
         stale: str | None = None
@@ -91,27 +96,55 @@ class AvitoPlatform:
         response = await self._authorized(
             account_id, "POST", url, json={"message": {"text": text}, "type": "text"}
         )
-        raise_for(response, _detail(response))
+        raise_for(response, _detail(response), acts=True)
         try:
             return Sent(str(response.json()["id"]))
         except (ValueError, KeyError, TypeError):
             raise Failure(Kind.UNKNOWN, "Avito accepted the send without a message id") from None
 
-    async def find_sent(self, account_id: str, chat_id: str, text: str, since: datetime) -> Sent | None:
-        url = f"{self._base}/messenger/v3/accounts/{account_id}/chats/{chat_id}/messages/"
-        response = await self._authorized(account_id, "GET", url, params={"limit": 50, "offset": 0})
+    async def find_sent(self, query: SentQuery) -> Sent | None:
+        """Our reply of an interrupted send, in the chat's latest messages (a bare JSON array,
+        newest first, per Avito's ``Messages`` schema): an outgoing message with the same
+        text, not one recorded for another job, created while that attempt could have
+        sent it (its start, plus the request timeout, plus clock skew either way). An answer
+        that cannot tell (not a list, an item without id or time, or a full page that does
+        not reach back to the attempt) is unknown, never "not sent"."""
+        url = f"{self._base}/messenger/v3/accounts/{query.account_id}/chats/{query.chat_id}/messages/"
+        response = await self._authorized(
+            query.account_id, "GET", url, params={"limit": LIST_LIMIT, "offset": 0}
+        )
         raise_for(response, _detail(response))
-        body = response.json()
-        items = body.get("messages", body) if isinstance(body, dict) else body
-        for item in items if isinstance(items, list) else []:
-            if not isinstance(item, dict) or item.get("direction") != "out":
-                continue
-            content = item.get("content") or {}
+        try:
+            items = response.json()
+        except ValueError:
+            raise Failure(Kind.UNKNOWN, "Avito's message list is not JSON") from None
+        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+            raise Failure(Kind.UNKNOWN, "Avito's message list has a shape we do not know")
+        started = query.started_at.timestamp()
+        earliest = started - CLOCK_SKEW_SECONDS
+        latest = started + self._send_timeout + CLOCK_SKEW_SECONDS
+        oldest_seen: float | None = None
+        for item in items:
             created = item.get("created")
-            if content.get("text") == text and (
-                not isinstance(created, int | float) or created >= since.timestamp() - 120
+            valid_time = isinstance(created, int | float) and not isinstance(created, bool)
+            if valid_time:
+                oldest_seen = created if oldest_seen is None else min(oldest_seen, created)
+            content = item.get("content")
+            if (
+                item.get("direction") != "out"
+                or not isinstance(content, dict)
+                or content.get("text") != query.text
             ):
-                return Sent(str(item.get("id")))
+                continue
+            message_id = item.get("id")
+            if not message_id or not valid_time:
+                raise Failure(Kind.UNKNOWN, "Avito listed a reply like ours without an id or a time")
+            if str(message_id) in query.exclude:
+                continue
+            if earliest <= created <= latest:
+                return Sent(str(message_id))
+        if len(items) >= LIST_LIMIT and (oldest_seen is None or oldest_seen > earliest):
+            raise Failure(Kind.UNKNOWN, f"more than {LIST_LIMIT} messages since the send; cannot tell")
         return None
 
     async def aclose(self) -> None:

@@ -20,6 +20,19 @@ class Sent:
     message_id: str
 
 
+@dataclass(frozen=True)
+class SentQuery:
+    """What an interrupted send looked like, to find it on the platform: the job (``key``),
+    the text, when the attempt began, and the chat's replies already recorded (never ours)."""
+
+    account_id: str
+    chat_id: str
+    key: str
+    text: str
+    started_at: datetime
+    exclude: frozenset[str] = frozenset()
+
+
 class Platform(Protocol):
     name: str
     max_text: int
@@ -32,8 +45,9 @@ class Platform(Protocol):
         """Send one reply; raise ``Failure`` when it did not (or may not have) gone out."""
         ...
 
-    async def find_sent(self, account_id: str, chat_id: str, text: str, since: datetime) -> Sent | None:
-        """Our reply with this text, sent at or after ``since``, if the platform shows it."""
+    async def find_sent(self, query: SentQuery) -> Sent | None:
+        """The reply an interrupted send made, if the platform shows it; None when the
+        platform shows it did not; ``Failure`` when the platform's answer cannot tell."""
         ...
 
     async def aclose(self) -> None: ...
@@ -84,7 +98,11 @@ def retry_after_of(response: httpx.Response) -> float | None:
         return None
 
 
-def raise_for(response: httpx.Response, detail: str = "") -> None:
-    failure: Failure | None = classify_status(response.status_code, detail, retry_after_of(response))
+def raise_for(response: httpx.Response, detail: str = "", *, acts: bool = False) -> None:
+    """Raise the classified failure of an error answer; ``acts`` for sends (see
+    ``classify_status``)."""
+    failure: Failure | None = classify_status(
+        response.status_code, detail, retry_after_of(response), acts=acts
+    )
     if failure is not None:
         raise failure

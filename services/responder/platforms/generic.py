@@ -11,7 +11,7 @@ from standardwebhooks.webhooks import Webhook
 
 from ..failures import Failure, Kind
 from ..ratelimit import AccountRateLimiter
-from .base import Sent, call, raise_for
+from .base import Sent, SentQuery, call, raise_for
 
 
 class GenericPlatform:
@@ -52,7 +52,7 @@ class GenericPlatform:
             content=body.encode(),
             headers=headers,
         )
-        raise_for(response, response.text[:200] if not response.is_success else "")
+        raise_for(response, response.text[:200] if not response.is_success else "", acts=True)
         try:
             data = response.json()
         except ValueError:
@@ -62,7 +62,7 @@ class GenericPlatform:
             raise Failure(Kind.UNKNOWN, "no message id")
         return Sent(str(message_id or key))
 
-    async def find_sent(self, account_id: str, chat_id: str, text: str, since: datetime) -> Sent | None:
+    async def find_sent(self, query: SentQuery) -> Sent | None:
         raise NotImplementedError("generic replies are made safe by their Idempotency-Key instead")
 
     async def aclose(self) -> None:

@@ -5,12 +5,10 @@ it. It goes through the real receiver, RabbitMQ, coalescer and responder."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import asyncpg
 
 from ..failures import Failure, Kind
-from .base import Sent
+from .base import Sent, SentQuery
 
 
 class SandboxPlatform:
@@ -40,18 +38,9 @@ class SandboxPlatform:
             raise Failure(Kind.TRANSIENT, f"sandbox store unreachable ({type(exc).__name__})") from None
         return Sent(f"sb-{row_id}")
 
-    async def find_sent(self, account_id: str, chat_id: str, text: str, since: datetime) -> Sent | None:
-        row_id = await self._pool.fetchval(
-            """
-            SELECT id FROM sandbox_replies
-            WHERE account_id = $1 AND chat_id = $2 AND text = $3 AND created_at >= $4 - interval '2 minutes'
-            ORDER BY id DESC LIMIT 1
-            """,
-            account_id,
-            chat_id,
-            text,
-            since,
-        )
+    async def find_sent(self, query: SentQuery) -> Sent | None:
+        """The sandbox keeps one reply per job: look it up by the job."""
+        row_id = await self._pool.fetchval("SELECT id FROM sandbox_replies WHERE job_id = $1", query.key)
         return Sent(f"sb-{row_id}") if row_id else None
 
     async def aclose(self) -> None:

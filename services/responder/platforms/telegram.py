@@ -3,13 +3,11 @@ bot's sent messages, so a send whose answer was lost cannot be reconciled."""
 
 from __future__ import annotations
 
-from datetime import datetime
-
 import httpx
 
 from ..failures import Failure, Kind, classify_status
 from ..ratelimit import AccountRateLimiter
-from .base import Sent, call, retry_after_of
+from .base import Sent, SentQuery, call, retry_after_of
 
 
 class TelegramPlatform:
@@ -45,7 +43,7 @@ class TelegramPlatform:
             # Telegram may also answer 200 with {"ok": false, "error_code": N}.
             status = response.status_code if not response.is_success else _error_code(body)
             failure = classify_status(
-                status, str(body.get("description", ""))[:200], retry_after_of(response)
+                status, str(body.get("description", ""))[:200], retry_after_of(response), acts=True
             )
             raise failure or Failure(Kind.UNKNOWN, "Telegram answered without ok")
         try:
@@ -53,7 +51,7 @@ class TelegramPlatform:
         except (KeyError, TypeError):
             raise Failure(Kind.UNKNOWN, "Telegram answered ok without a message id") from None
 
-    async def find_sent(self, account_id: str, chat_id: str, text: str, since: datetime) -> Sent | None:
+    async def find_sent(self, query: SentQuery) -> Sent | None:
         raise NotImplementedError("Telegram cannot list a bot's sent messages")
 
     async def aclose(self) -> None:

@@ -31,7 +31,8 @@ class Alerter:
             logger.warning("%s: %s (no ALERT_WEBHOOK_URL configured)", event, payload.get("reason"))
             return
         now = datetime.now(UTC)
-        alert_id = f"{event}:{payload.get('job_id')}"
+        subject = payload.get("job_id") or ",".join(payload.get("operations") or ())[:200]
+        alert_id = f"{event}:{subject}"
         body = json.dumps({"type": event, "at": now.isoformat(), **payload}, default=str, ensure_ascii=False)
         headers = {"content-type": "application/json"}
         if self._signer is not None:

@@ -1,0 +1,121 @@
+"""What a platform's answer (or its absence) means for a job: pure classification, and
+how an Avito listing is read when a send's outcome is unknown."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime
+
+import httpx
+import pytest
+
+from services.responder.failures import Kind, classify_status, classify_transport
+from services.responder.platforms.avito import AvitoPlatform, AvitoToken
+from services.responder.platforms.base import Sent, SentQuery
+from services.responder.ratelimit import AccountRateLimiter
+
+pytestmark = pytest.mark.unit
+
+
+@pytest.mark.parametrize("status", [502, 504])
+def test_a_gateway_error_on_a_send_may_have_acted_so_it_is_unknown(status: int) -> None:
+    failure = classify_status(status, acts=True)
+    assert failure is not None and failure.kind is Kind.UNKNOWN
+    assert "may have happened" in failure.reason
+
+
+@pytest.mark.parametrize("status", [502, 504, 500, 503])
+def test_a_server_error_on_a_request_that_acts_on_nothing_is_transient(status: int) -> None:
+    failure = classify_status(status)
+    assert failure is not None and failure.kind is Kind.TRANSIENT
+
+
+@pytest.mark.parametrize("status", [500, 503, 408, 429])
+def test_a_server_error_that_says_nothing_happened_is_transient_on_a_send_too(status: int) -> None:
+    failure = classify_status(status, acts=True)
+    assert failure is not None and failure.kind is Kind.TRANSIENT
+
+
+def test_a_client_error_is_permanent_and_success_is_none() -> None:
+    assert classify_status(400, acts=True).kind is Kind.PERMANENT  # type: ignore[union-attr]
+    assert classify_status(200, acts=True) is None
+
+
+def test_no_answer_before_the_request_left_is_transient_after_it_unknown() -> None:
+    request = httpx.Request("POST", "https://example.invalid/")
+    assert classify_transport(httpx.ConnectError("refused", request=request)).kind is Kind.TRANSIENT
+    assert classify_transport(httpx.ReadTimeout("late", request=request)).kind is Kind.UNKNOWN
+
+
+STARTED = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+T = int(STARTED.timestamp())
+
+
+def listing(items: object, status: int = 200) -> AvitoPlatform:
+    """Avito with a token endpoint and a message list answering ``items``."""
+
+    def handle(request: httpx.Request) -> httpx.Response:
+        if request.url.path == "/token/":
+            return httpx.Response(
+                200, json={"access_token": "t", "expires_in": 86400, "token_type": "Bearer"}
+            )
+        return httpx.Response(status, json=items)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle), timeout=10)
+    return AvitoPlatform(
+        "https://avito.test",
+        AvitoToken("https://avito.test", "id", "secret", client),
+        client,
+        AccountRateLimiter(1000),
+    )
+
+
+def query(**changes: object) -> SentQuery:
+    values: dict[str, object] = {
+        "account_id": "7", "chat_id": "c", "key": "job", "text": "Yes, it is available.",
+        "started_at": STARTED, "exclude": frozenset(),
+    }  # fmt: skip
+    values.update(changes)
+    return SentQuery(**values)  # type: ignore[arg-type]
+
+
+def out(message_id: str, created: object, text: str = "Yes, it is available.") -> dict[str, object]:
+    return {
+        "id": message_id,
+        "direction": "out",
+        "created": created,
+        "type": "text",
+        "content": {"text": text},
+    }
+
+
+async def test_our_reply_is_found_when_sent_in_the_attempts_own_time() -> None:
+    assert await listing([out("m-2", T + 3)]).find_sent(query()) == Sent("m-2")
+
+
+async def test_an_identical_reply_already_recorded_for_another_job_is_never_taken_for_ours() -> None:
+    platform = listing([out("m-2", T + 3)])
+    assert await platform.find_sent(query(exclude=frozenset({"m-2"}))) is None
+
+
+async def test_an_identical_reply_from_before_the_attempt_is_not_ours() -> None:
+    assert await listing([out("m-1", T - 600)]).find_sent(query()) is None
+
+
+async def test_an_answer_of_a_shape_we_do_not_know_is_unknown_not_absent() -> None:
+    for items in ({"messages": [out("m-2", T)]}, [out("m-2", None)], ["m-2"]):
+        with pytest.raises(Exception) as raised:
+            await listing(items).find_sent(query())
+        assert getattr(raised.value, "kind", None) is Kind.UNKNOWN, items
+
+
+async def test_a_full_page_that_does_not_reach_back_to_the_attempt_is_unknown() -> None:
+    newer = [out(f"x-{i}", T + 100, text="something else") for i in range(100)]
+    with pytest.raises(Exception) as raised:
+        await listing(newer).find_sent(query())
+    assert getattr(raised.value, "kind", None) is Kind.UNKNOWN
+
+
+async def test_a_listing_that_fails_with_a_server_error_is_transient() -> None:
+    with pytest.raises(Exception) as raised:
+        await listing({"error": {"code": 503, "message": "down"}}, status=503).find_sent(query())
+    assert getattr(raised.value, "kind", None) is Kind.TRANSIENT
