@@ -6,6 +6,7 @@ Nothing else in the code base reads the environment.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -15,14 +16,32 @@ LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/chatqueue"
 LOCAL_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
 
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only: ``localhost``, 127.0.0.0/8 or ::1."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
+
 class Settings(BaseSettings):
     """All chatqueue settings. Defaults are for local development only.
 
-    With ``CHATQ_ENV=production`` the validator refuses the local defaults (guest
-    credentials, trust-auth Postgres) and webhook endpoints whose secret is empty.
+    The production guards (``production_guards``) apply with ``CHATQ_ENV=production``
+    and also whenever the HTTP host is not a loopback address: then the validator
+    refuses the local defaults (guest credentials, trust-auth Postgres) and weak
+    secrets, and the sandbox is off unless enabled.
     """
 
-    model_config = SettingsConfigDict(env_prefix="CHATQ_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="CHATQ_", extra="ignore", frozen=True, hide_input_in_errors=True
+    )
 
     env: Literal["development", "production"] = "development"
     log_level: str = "INFO"
@@ -73,7 +92,7 @@ class Settings(BaseSettings):
     # Operations
     admin_token: SecretStr | None = None
     admin_url: str = "http://127.0.0.1:8080"
-    # The built-in sandbox chat: on in development, off in production unless enabled.
+    # The built-in sandbox chat: on in development, off under the production guards unless enabled.
     sandbox_enabled: bool | None = None
     alert_webhook_url: str | None = None
     alert_webhook_secret: SecretStr | None = None
@@ -113,21 +132,46 @@ class Settings(BaseSettings):
         if self.reply_delay_min_seconds > self.reply_delay_max_seconds:
             raise ValueError("REPLY_DELAY_MIN_SECONDS must not exceed REPLY_DELAY_MAX_SECONDS")
         self.retry_delays()  # validates the list
-        if self.env == "production":
-            if "guest:guest@" in self.amqp_url.get_secret_value():
-                raise ValueError("CHATQ_AMQP_URL uses the guest account; set real credentials")
-            if self.database_url.get_secret_value() == LOCAL_DATABASE_URL:
-                raise ValueError("CHATQ_DATABASE_URL is the local development default")
-            for name in (
-                "telegram_webhook_secret",
-                "avito_webhook_secret",
-                "generic_webhook_secret",
-                "admin_token",
-            ):
-                value = getattr(self, name)
-                if value is not None and len(value.get_secret_value()) < 16:
-                    raise ValueError(f"CHATQ_{name.upper()} must be at least 16 characters")
+        if self.production_guards:
+            problems = self._production_problems()
+            if problems:
+                raise ValueError(self._production_refusal(problems))
         return self
+
+    def _production_problems(self) -> list[str]:
+        problems = []
+        if "guest:guest@" in self.amqp_url.get_secret_value():
+            problems.append("CHATQ_AMQP_URL uses the guest account; set real credentials")
+        if self.database_url.get_secret_value() == LOCAL_DATABASE_URL:
+            problems.append("CHATQ_DATABASE_URL is the local development default (trust authentication)")
+        for name in (
+            "telegram_webhook_secret",
+            "avito_webhook_secret",
+            "generic_webhook_secret",
+            "admin_token",
+        ):
+            value = getattr(self, name)
+            if value is not None and len(value.get_secret_value()) < 16:
+                problems.append(f"CHATQ_{name.upper()} must be at least 16 characters")
+        return problems
+
+    def _production_refusal(self, problems: list[str]) -> str:
+        listed = "; ".join(problems)
+        if self.env == "production":
+            return f"CHATQ_ENV=production refuses: {listed}. Set real credentials and secrets."
+        return (
+            f"CHATQ_HTTP_HOST={self.http_host} is not a loopback address, so the production guards "
+            f"apply although CHATQ_ENV is development: {listed}. Set CHATQ_ENV=production with real "
+            "credentials and secrets, or bind CHATQ_HTTP_HOST=127.0.0.1 for local development."
+        )
+
+    @property
+    def production_guards(self) -> bool:
+        """Whether the production checks and defaults apply: with CHATQ_ENV=production, and
+        whenever the HTTP host is not a loopback address, so that a server where
+        CHATQ_ENV was forgotten does not run with the sandbox open and the development
+        credentials accepted. Development defaults need a host only this machine reaches."""
+        return self.env == "production" or not is_loopback(self.http_host)
 
     def retry_delays(self) -> list[float]:
         """Delays of the retry tiers, in seconds, from RETRY_DELAYS_SECONDS."""
@@ -141,7 +185,8 @@ class Settings(BaseSettings):
 
     @property
     def sandbox_active(self) -> bool:
-        return self.sandbox_enabled if self.sandbox_enabled is not None else self.env == "development"
+        """SANDBOX_ENABLED when set; otherwise on in development, off under the production guards."""
+        return self.sandbox_enabled if self.sandbox_enabled is not None else not self.production_guards
 
     @property
     def telegram_account_id(self) -> str:

@@ -5,6 +5,7 @@ every chatq_* metric they read being one the services export."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -212,6 +213,16 @@ def test_every_deployment_has_probes_limits_a_budget_and_a_grace_period_that_cov
         assert refs == {config["metadata"]["name"], "chatqueue-secrets"}
     job = next(d for d in docs if d["kind"] == "Job")
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["shared.migrate"]
+
+
+def test_the_dev_overlay_settings_pass_the_guards_its_pods_apply_and_keep_the_sandbox() -> None:
+    docs = kustomize(OVERLAYS[0])
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    secret = next(d for d in docs if d["kind"] == "Secret")["data"]
+    values = {**config, **{k: base64.b64decode(v).decode() for k, v in secret.items()}}
+    settings = Settings(**{k.removeprefix("CHATQ_").lower(): v for k, v in values.items()})
+    assert settings.production_guards, "pods listen on 0.0.0.0, not loopback"
+    assert settings.sandbox_active
 
 
 def test_keda_scales_the_responder_and_the_coalescer_on_their_own_queues() -> None:

@@ -56,3 +56,68 @@ def test_secrets_do_not_show_in_the_settings_repr() -> None:
 def test_the_telegram_account_is_the_bot_id_from_the_token() -> None:
     assert Settings(telegram_bot_token="123456:ABC").telegram_account_id == "123456"
     assert Settings().telegram_account_id == "bot"
+
+
+SERVER_CREDENTIALS = {
+    "database_url": "postgresql://chatq:Qm7vTz2pLw9xKc4R@db/chatq",
+    "amqp_url": "amqp://chatq:Hs8dJ3kq0PzX5nVb@mq/",
+}
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost", "LOCALHOST"])
+def test_development_defaults_apply_while_the_http_host_is_a_loopback_address(host: str) -> None:
+    s = Settings(http_host=host)
+    assert not s.production_guards
+    assert s.sandbox_active
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "chatq.example.org", ""])
+def test_any_other_http_host_refuses_the_development_defaults_even_without_chatq_env(host: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(http_host=host)
+    message = str(refused.value)
+    assert "is not a loopback address" in message
+    assert "guest account" in message and "local development default" in message
+    assert "Set CHATQ_ENV=production with real credentials" in message
+    assert "bind CHATQ_HTTP_HOST=127.0.0.1 for local development" in message
+
+
+def test_a_server_host_with_real_credentials_starts_with_the_sandbox_off_unless_enabled() -> None:
+    s = Settings(http_host="0.0.0.0", **SERVER_CREDENTIALS)
+    assert s.env == "development"
+    assert s.production_guards
+    assert not s.sandbox_active
+    assert Settings(http_host="0.0.0.0", sandbox_enabled=True, **SERVER_CREDENTIALS).sandbox_active
+
+
+def test_a_server_host_gets_the_production_checks_of_secrets_and_admin_token() -> None:
+    with pytest.raises(ValidationError, match="CHATQ_ADMIN_TOKEN must be at least 16"):
+        Settings(http_host="0.0.0.0", admin_token="short", **SERVER_CREDENTIALS)
+    with pytest.raises(ValidationError, match="CHATQ_AVITO_WEBHOOK_SECRET must be at least 16"):
+        Settings(http_host="0.0.0.0", avito_webhook_secret="short", **SERVER_CREDENTIALS)
+
+
+def test_production_on_loopback_still_refuses_the_development_defaults_and_says_so() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(env="production")
+    assert "CHATQ_ENV=production refuses" in str(refused.value)
+    assert not Settings(env="production", **SERVER_CREDENTIALS).sandbox_active
+
+
+def test_a_refusal_does_not_print_the_values_it_was_given() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(http_host="0.0.0.0", amqp_url="amqp://guest:guest@mq/", admin_token="tiny-secret")
+    assert "tiny-secret" not in str(refused.value)
+    assert "amqp://" not in str(refused.value)
+
+
+def test_the_launcher_makes_an_admin_token_for_local_development_only() -> None:
+    from services.__main__ import child_environment
+
+    env, token = child_environment(Settings(), {"PATH": "/bin"})
+    assert token is not None and len(token) >= 16
+    assert env == {"PATH": "/bin", "CHATQ_ADMIN_TOKEN": token}
+    server = Settings(http_host="0.0.0.0", **SERVER_CREDENTIALS)
+    assert child_environment(server, {"PATH": "/bin"}) == ({"PATH": "/bin"}, None)
+    given = Settings(admin_token="a-token-the-person-chose")
+    assert child_environment(given, {}) == ({}, None)
