@@ -8,12 +8,57 @@ from __future__ import annotations
 
 import ipaddress
 from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/chatqueue"
 LOCAL_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
+
+# Secrets the production guards check: each at least 16 characters and no placeholder.
+GUARDED_SECRETS = (
+    "telegram_webhook_secret",
+    "avito_webhook_secret",
+    "generic_webhook_secret",
+    "generic_reply_secret",
+    "alert_webhook_secret",
+    "admin_token",
+)
+MIN_SECRET_LENGTH = 16
+# What the example files and tutorials put where a secret goes (compared lower-case).
+PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "placeholder", "example", "your-", "xxxx")
+# A random value of 16 characters from a 64-symbol alphabet has fewer than 8 distinct ones
+# about once in 200,000 draws; a hand-typed stand-in ("aaaabbbb...", "12341234...") has.
+MIN_DISTINCT_CHARACTERS = 8
+GENERATE_HINT = "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
+
+
+def placeholder_reason(secret: str) -> str | None:
+    """Why ``secret`` looks like a stand-in rather than a random value, or None.
+
+    The example files' ``CHANGE-ME-...`` values are longer than any length check, so
+    the guard reads what a secret is made of. A Standard Webhooks ``whsec_`` prefix is
+    not counted as part of the secret."""
+    lowered = secret.lower()
+    for mark in PLACEHOLDER_MARKS:
+        if mark in lowered:
+            return f"contains {mark!r}"
+    distinct = len(set(secret.removeprefix("whsec_")))
+    if distinct == 1:
+        return "is one character repeated"
+    if distinct < MIN_DISTINCT_CHARACTERS:
+        return f"has only {distinct} distinct characters (at least {MIN_DISTINCT_CHARACTERS})"
+    return None
+
+
+def url_password(url: str) -> str | None:
+    """The password in a URL's user info, decoded; None when the URL carries none."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return None
+    return unquote(password) if password else None
 
 
 def is_loopback(host: str) -> bool:
@@ -140,19 +185,28 @@ class Settings(BaseSettings):
 
     def _production_problems(self) -> list[str]:
         problems = []
-        if "guest:guest@" in self.amqp_url.get_secret_value():
+        amqp_url = self.amqp_url.get_secret_value()
+        database_url = self.database_url.get_secret_value()
+        if "guest:guest@" in amqp_url:
             problems.append("CHATQ_AMQP_URL uses the guest account; set real credentials")
-        if self.database_url.get_secret_value() == LOCAL_DATABASE_URL:
+        if database_url == LOCAL_DATABASE_URL:
             problems.append("CHATQ_DATABASE_URL is the local development default (trust authentication)")
-        for name in (
-            "telegram_webhook_secret",
-            "avito_webhook_secret",
-            "generic_webhook_secret",
-            "admin_token",
-        ):
-            value = getattr(self, name)
-            if value is not None and len(value.get_secret_value()) < 16:
-                problems.append(f"CHATQ_{name.upper()} must be at least 16 characters")
+        weak = []
+        for name, url in (("CHATQ_DATABASE_URL", database_url), ("CHATQ_AMQP_URL", amqp_url)):
+            password = url_password(url)
+            if password and "guest:guest@" not in url and (reason := placeholder_reason(password)):
+                weak.append(f"{name}'s password {reason}, like a placeholder")
+        for setting in GUARDED_SECRETS:
+            value = getattr(self, setting)
+            if value is None:
+                continue
+            secret, name = value.get_secret_value(), f"CHATQ_{setting.upper()}"
+            if len(secret) < MIN_SECRET_LENGTH:
+                weak.append(f"{name} must be at least {MIN_SECRET_LENGTH} characters")
+            elif reason := placeholder_reason(secret):
+                weak.append(f"{name} {reason}, like a placeholder")
+        if weak:
+            problems += [*weak, GENERATE_HINT]
         return problems
 
     def _production_refusal(self, problems: list[str]) -> str:

@@ -16,9 +16,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from shared.broker.topology import build_topology
-from shared.settings import Settings
+from shared.settings import GUARDED_SECRETS, Settings
 from tests.support.deploy_files import (
     DEPLOY,
     RABBITMQ_TRIGGER_KEYS,
@@ -116,6 +117,36 @@ def test_the_compose_stack_takes_every_secret_from_the_env_files_and_passes_only
     ]
     unknown = (set(env) | set(example)) - SETTINGS_ENV
     assert not unknown, f"not chatqueue settings: {unknown}"
+
+
+def example_values(path: Path) -> dict[str, str]:
+    """NAME=value lines of an example env file, commented-out ones included."""
+    lines = (line.lstrip("#").strip() for line in path.read_text().splitlines())
+    return dict(line.split("=", 1) for line in lines if re.match(r"[A-Z_]+=\S", line))
+
+
+def test_the_example_files_placeholders_are_refused_until_a_person_replaces_them() -> None:
+    chatq = example_values(DEPLOY / "chatqueue.env.example")
+    guarded = {f"CHATQ_{name.upper()}" for name in GUARDED_SECRETS}
+    examples = {k: v for k, v in chatq.items() if k in guarded}
+    assert "CHATQ_ADMIN_TOKEN" in examples
+    real = {
+        "database_url": "postgresql://chatq:Qm7vTz2pLw9xKc4R@db/chatq",
+        "amqp_url": "amqp://chatq:Hs8dJ3kq0PzX5nVb@mq/",
+    }
+    for name, value in examples.items():
+        with pytest.raises(ValidationError, match=name):
+            Settings(env="production", **real, **{name.removeprefix("CHATQ_").lower(): value})
+    infra = example_values(DEPLOY / ".env.example")
+    env = compose()["x-chatqueue"]["environment"]
+    urls = {
+        name: re.sub(r"\$\{(\w+)[^}]*\}", lambda m: infra[m.group(1)], env[name])
+        for name in ("CHATQ_DATABASE_URL", "CHATQ_AMQP_URL")
+    }
+    with pytest.raises(ValidationError) as refused:
+        Settings(env="production", database_url=urls["CHATQ_DATABASE_URL"], amqp_url=urls["CHATQ_AMQP_URL"])
+    assert "CHATQ_DATABASE_URL's password contains 'change-me'" in str(refused.value)
+    assert "CHATQ_AMQP_URL's password contains 'change-me'" in str(refused.value)
 
 
 def test_rabbitmq_loads_the_generated_topology_and_its_user_at_boot() -> None:

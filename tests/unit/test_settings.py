@@ -3,9 +3,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from shared.settings import Settings
+from shared.settings import Settings, placeholder_reason
 
 pytestmark = pytest.mark.unit
+
+SERVER_CREDENTIALS = {
+    "database_url": "postgresql://chatq:Qm7vTz2pLw9xKc4R@db/chatq",
+    "amqp_url": "amqp://chatq:Hs8dJ3kq0PzX5nVb@mq/",
+}
 
 
 def test_settings_come_from_chatq_prefixed_environment_variables(monkeypatch) -> None:
@@ -16,19 +21,14 @@ def test_settings_come_from_chatq_prefixed_environment_variables(monkeypatch) ->
 
 def test_production_refuses_the_local_default_credentials() -> None:
     with pytest.raises(ValidationError, match="guest"):
-        Settings(env="production", database_url="postgresql://app:pw@db/chatq")
+        Settings(env="production", database_url=SERVER_CREDENTIALS["database_url"])
     with pytest.raises(ValidationError, match="local development default"):
-        Settings(env="production", amqp_url="amqp://app:pw@mq/")
+        Settings(env="production", amqp_url=SERVER_CREDENTIALS["amqp_url"])
 
 
 def test_production_refuses_short_secrets() -> None:
     with pytest.raises(ValidationError, match="at least 16"):
-        Settings(
-            env="production",
-            database_url="postgresql://app:pw@db/chatq",
-            amqp_url="amqp://app:pw@mq/",
-            admin_token="short",
-        )
+        Settings(env="production", admin_token="short", **SERVER_CREDENTIALS)
 
 
 def test_a_telegram_secret_outside_telegrams_alphabet_is_refused() -> None:
@@ -56,12 +56,6 @@ def test_secrets_do_not_show_in_the_settings_repr() -> None:
 def test_the_telegram_account_is_the_bot_id_from_the_token() -> None:
     assert Settings(telegram_bot_token="123456:ABC").telegram_account_id == "123456"
     assert Settings().telegram_account_id == "bot"
-
-
-SERVER_CREDENTIALS = {
-    "database_url": "postgresql://chatq:Qm7vTz2pLw9xKc4R@db/chatq",
-    "amqp_url": "amqp://chatq:Hs8dJ3kq0PzX5nVb@mq/",
-}
 
 
 @pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost", "LOCALHOST"])
@@ -121,3 +115,110 @@ def test_the_launcher_makes_an_admin_token_for_local_development_only() -> None:
     assert child_environment(server, {"PATH": "/bin"}) == ({"PATH": "/bin"}, None)
     given = Settings(admin_token="a-token-the-person-chose")
     assert child_environment(given, {}) == ({}, None)
+
+
+# ---- placeholders ----------------------------------------------------------------------
+
+GOOD_SECRET = "k3Jq9vXw2LmP8rTz"
+
+
+def production(**values: str) -> Settings:
+    return Settings(env="production", **{**SERVER_CREDENTIALS, **values})
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["CHANGE-ME-admin-token-32-characters", "changeme-0123456789abcdef", "please_Change_Me_9f8e7d6c5b"],
+)
+def test_a_secret_containing_change_me_in_any_spelling_or_case_is_refused(value: str) -> None:
+    assert placeholder_reason(value) is not None
+    with pytest.raises(ValidationError, match="like a placeholder"):
+        production(admin_token=value)
+
+
+def test_a_secret_containing_placeholder_is_refused() -> None:
+    assert placeholder_reason("my-PLACEHOLDER-secret-42") == "contains 'placeholder'"
+
+
+def test_a_secret_containing_example_is_refused() -> None:
+    assert placeholder_reason("token-from-the-Example-file") == "contains 'example'"
+
+
+def test_a_secret_containing_your_dash_is_refused() -> None:
+    assert placeholder_reason("your-webhook-secret-here") == "contains 'your-'"
+
+
+def test_a_secret_containing_four_xs_is_refused() -> None:
+    assert placeholder_reason("whsec_XXXXXXXXXXXXXXXXXXXX") == "contains 'xxxx'"
+
+
+def test_a_secret_made_of_one_repeated_character_is_refused() -> None:
+    assert placeholder_reason("a" * 32) == "is one character repeated"
+    assert placeholder_reason("whsec_" + "Q" * 24) == "is one character repeated"
+
+
+def test_a_secret_of_fewer_than_eight_distinct_characters_is_refused() -> None:
+    assert placeholder_reason("abcabcabcabcabcabc") == "has only 3 distinct characters (at least 8)"
+    assert placeholder_reason("1234567123456712345") == "has only 7 distinct characters (at least 8)"
+    assert placeholder_reason("12345678123456781234") is None
+
+
+def test_a_random_secret_is_not_a_placeholder() -> None:
+    import secrets
+
+    for _ in range(200):
+        assert placeholder_reason(secrets.token_urlsafe(24)) is None
+    assert placeholder_reason("whsec_" + "QUJDREVGR0hJSktMTU5PUA==") is None
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "telegram_webhook_secret",
+        "avito_webhook_secret",
+        "generic_webhook_secret",
+        "generic_reply_secret",
+        "alert_webhook_secret",
+        "admin_token",
+    ],
+)
+def test_every_secret_the_production_guard_checks_refuses_a_placeholder(setting: str) -> None:
+    production(**{setting: GOOD_SECRET})
+    with pytest.raises(ValidationError) as refused:
+        production(**{setting: "CHANGE-ME-" + GOOD_SECRET})
+    assert f"CHATQ_{setting.upper()} contains 'change-me', like a placeholder" in str(refused.value)
+    assert "secrets.token_urlsafe" in str(refused.value)
+    with pytest.raises(ValidationError, match=f"CHATQ_{setting.upper()} must be at least 16"):
+        production(**{setting: "Ab3-Ab3"})
+
+
+def test_database_and_amqp_passwords_that_are_placeholders_are_refused() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(
+            env="production",
+            database_url="postgresql://chatq:CHANGE-ME-postgres-password@postgres:5432/chatqueue",
+            amqp_url="amqp://chatq:aaaaaaaa@rabbitmq:5672/",
+        )
+    message = str(refused.value)
+    assert "CHATQ_DATABASE_URL's password contains 'change-me', like a placeholder" in message
+    assert "CHATQ_AMQP_URL's password is one character repeated, like a placeholder" in message
+    assert "CHANGE-ME-postgres-password" not in message
+
+
+def test_a_percent_encoded_placeholder_password_is_refused_too() -> None:
+    with pytest.raises(ValidationError, match="CHATQ_DATABASE_URL's password contains 'your-'"):
+        production(database_url="postgresql://chatq:your%2Dpassword%2D123456@db/chatq")
+
+
+def test_a_url_without_a_password_is_not_a_placeholder() -> None:
+    s = production(database_url="postgresql://chatq@/chatqueue?host=/run/postgresql")
+    assert s.production_guards
+
+
+def test_placeholders_are_refused_on_a_server_host_without_chatq_env_too() -> None:
+    with pytest.raises(ValidationError, match="CHATQ_ADMIN_TOKEN contains 'xxxx'"):
+        Settings(http_host="0.0.0.0", admin_token="xxxx-xxxx-xxxx-xxxx", **SERVER_CREDENTIALS)
+
+
+def test_development_on_loopback_takes_any_secret() -> None:
+    assert Settings(admin_token="changeme").admin_token is not None
