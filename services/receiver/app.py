@@ -9,12 +9,11 @@ import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import asyncpg
 from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.responses import JSONResponse
 from prometheus_client import make_asgi_app
 
 from shared import metrics
@@ -27,7 +26,7 @@ from shared.migrate import migrate_dsn
 from shared.outbox import Relay
 from shared.settings import Settings
 
-from . import operations, sandbox
+from . import operations, pages, sandbox
 from .errors import ApiError, install_error_handlers
 from .intake import Intake, Stored, parse_json, store
 from .limits import BodySizeLimit
@@ -35,8 +34,6 @@ from .openapi import json_body
 from .webhooks import avito, generic, telegram
 
 logger = logging.getLogger(__name__)
-
-OPS_PAGE = Path(__file__).with_name("static") / "ops.html"
 
 
 @dataclass
@@ -91,10 +88,7 @@ def create_app(settings: Settings) -> FastAPI:
     install_error_handlers(app)
     app.include_router(operations.router)
     app.include_router(sandbox.router)
-
-    @app.get("/ops", response_class=HTMLResponse, include_in_schema=False)
-    async def ops_page() -> HTMLResponse:
-        return HTMLResponse(OPS_PAGE.read_text(encoding="utf-8"))
+    app.include_router(pages.router)
 
     app.mount("/metrics", make_asgi_app())
 
