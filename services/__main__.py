@@ -33,7 +33,8 @@ def main() -> int:
     # The settings every service parses: what they would refuse is refused before any starts.
     settings = Settings()
     env, generated_token = child_environment(settings, os.environ)
-    port = settings.http_port
+    # The pages are on the admin port when there is one, else with the webhooks.
+    port = settings.admin_port or settings.http_port
     base_metrics = settings.metrics_port
     children: dict[str, subprocess.Popen[bytes]] = {}
     # The receiver migrates first; the others start once it answers (or 20 s pass).

@@ -136,13 +136,17 @@ class Settings(BaseSettings):
 
     # Operations
     admin_token: SecretStr | None = None
-    admin_url: str = "http://127.0.0.1:8080"
+    # Where the chatq CLI finds the admin API; unset: this machine's ADMIN_PORT, else HTTP_PORT.
+    admin_url: str | None = None
     # The built-in sandbox chat: on in development, off under the production guards unless enabled.
     sandbox_enabled: bool | None = None
     alert_webhook_url: str | None = None
     alert_webhook_secret: SecretStr | None = None
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
+    # Unset: the admin API, /metrics, /ops and /sandbox share HTTP_PORT with the webhooks.
+    # Set: they move to this port and HTTP_PORT serves the webhooks and health checks only.
+    admin_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_port: int = Field(default=9100, ge=0, le=65535)
 
     # Intake
@@ -177,6 +181,8 @@ class Settings(BaseSettings):
         if self.reply_delay_min_seconds > self.reply_delay_max_seconds:
             raise ValueError("REPLY_DELAY_MIN_SECONDS must not exceed REPLY_DELAY_MAX_SECONDS")
         self.retry_delays()  # validates the list
+        if self.admin_port is not None and self.admin_port == self.http_port:
+            raise ValueError("CHATQ_ADMIN_PORT must differ from CHATQ_HTTP_PORT (unset it to share one port)")
         if self.production_guards:
             problems = self._production_problems()
             if problems:
@@ -241,6 +247,19 @@ class Settings(BaseSettings):
     def sandbox_active(self) -> bool:
         """SANDBOX_ENABLED when set; otherwise on in development, off under the production guards."""
         return self.sandbox_enabled if self.sandbox_enabled is not None else not self.production_guards
+
+    @property
+    def admin_base_url(self) -> str:
+        """ADMIN_URL, or the admin API of a receiver on this machine with these settings."""
+        if self.admin_url:
+            return self.admin_url
+        # A receiver bound to every address is reached on loopback; an IPv6 literal in brackets.
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(
+            self.http_host.strip("[]"), self.http_host.strip("[]")
+        )
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.admin_port or self.http_port}"
 
     @property
     def telegram_account_id(self) -> str:

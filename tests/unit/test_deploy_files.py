@@ -256,6 +256,39 @@ def test_the_dev_overlay_settings_pass_the_guards_its_pods_apply_and_keep_the_sa
     assert settings.sandbox_active
 
 
+def test_the_receiver_keeps_its_admin_port_apart_from_the_webhook_port_in_every_deploy() -> None:
+    receiver = compose()["services"]["receiver"]
+    admin_port = receiver["environment"]["CHATQ_ADMIN_PORT"]
+    assert receiver["environment"]["CHATQ_ENV"] == "production", "the merge kept the shared settings"
+    assert receiver["ports"] == [
+        "${RECEIVER_BIND:-127.0.0.1}:8080:8080",
+        f"${{ADMIN_BIND:-127.0.0.1}}:{admin_port}:{admin_port}",
+    ]
+    assert "ADMIN_BIND=127.0.0.1" in (DEPLOY / ".env.example").read_text()
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+    job = next(j for j in scrape if j["job_name"] == "chatqueue-receiver")
+    assert job["static_configs"][0]["targets"] == [f"receiver:{admin_port}"]
+    for overlay in OVERLAYS:
+        docs = kustomize(overlay)
+        config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+        dep = next(
+            d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "chatqueue-receiver"
+        )
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports == {"http": int(config["CHATQ_HTTP_PORT"]), "admin": int(config["CHATQ_ADMIN_PORT"])}
+        annotations = dep["spec"]["template"]["metadata"]["annotations"]
+        assert int(annotations["prometheus.io/port"]) == ports["admin"], "/metrics is on the admin port"
+        assert container["readinessProbe"]["httpGet"]["port"] == "http"
+        service = next(
+            d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "chatqueue-receiver"
+        )
+        assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {
+            "http": "http",
+            "admin": "admin",
+        }
+
+
 def test_keda_scales_the_responder_and_the_coalescer_on_their_own_queues() -> None:
     docs = kustomize(OVERLAYS[1])
     queues = {q.name for q in build_topology().queues}

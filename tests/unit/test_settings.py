@@ -222,3 +222,33 @@ def test_placeholders_are_refused_on_a_server_host_without_chatq_env_too() -> No
 
 def test_development_on_loopback_takes_any_secret() -> None:
     assert Settings(admin_token="changeme").admin_token is not None
+
+
+# ---- admin port ------------------------------------------------------------------------
+
+
+def test_without_an_admin_port_the_cli_finds_the_admin_api_on_the_http_port() -> None:
+    assert Settings().admin_base_url == "http://127.0.0.1:8080"
+    assert Settings(http_port=9000).admin_base_url == "http://127.0.0.1:9000"
+
+
+def test_with_an_admin_port_the_cli_finds_the_admin_api_there() -> None:
+    assert Settings(admin_port=8081).admin_base_url == "http://127.0.0.1:8081"
+    assert Settings(http_host="::1", admin_port=8081).admin_base_url == "http://[::1]:8081"
+    server = Settings(http_host="0.0.0.0", admin_port=8081, **SERVER_CREDENTIALS)
+    assert server.admin_base_url == "http://127.0.0.1:8081"
+
+
+def test_an_explicit_admin_url_wins_over_the_ports() -> None:
+    s = Settings(admin_port=8081, admin_url="https://ops.internal:4443")
+    assert s.admin_base_url == "https://ops.internal:4443"
+
+
+def test_the_admin_port_must_differ_from_the_http_port() -> None:
+    with pytest.raises(ValidationError, match="CHATQ_ADMIN_PORT must differ from CHATQ_HTTP_PORT"):
+        Settings(http_port=8080, admin_port=8080)
+
+
+def test_the_admin_port_comes_from_chatq_admin_port(monkeypatch) -> None:
+    monkeypatch.setenv("CHATQ_ADMIN_PORT", "8081")
+    assert Settings().admin_port == 8081
