@@ -33,8 +33,10 @@ ENV PATH=/opt/chatq/bin:$PATH \
     CHATQ_HTTP_HOST=0.0.0.0
 WORKDIR /app
 USER 10001:10001
-# 8080: receiver API and webhooks; 9100: /healthz /readyz /metrics of the workers.
-EXPOSE 8080 9100
+# 8080: receiver webhooks (and everything, without CHATQ_ADMIN_PORT); 8081: the receiver's
+# admin API, /ops, /metrics with CHATQ_ADMIN_PORT=8081; 9100: /healthz /readyz /metrics
+# of the workers.
+EXPOSE 8080 8081 9100
 # The services drain on SIGTERM (stop consuming, finish and ack in-flight work, close)
 # within CHATQ_SHUTDOWN_GRACE_SECONDS; give the container at least that plus a margin.
 STOPSIGNAL SIGTERM

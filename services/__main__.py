@@ -11,17 +11,31 @@ import signal
 import subprocess
 import sys
 import time
+from collections.abc import Mapping
+
+from shared.settings import Settings
 
 SERVICES = ("receiver", "coalescer", "responder")
 
 
+def child_environment(settings: Settings, environ: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
+    """The services' environment, and the admin token made for this run: a fresh one per
+    run for local development only (never a default, never under the production guards)."""
+    env = dict(environ)
+    if settings.admin_token is not None or settings.production_guards:
+        return env, None
+    token = secrets.token_urlsafe(12)
+    env["CHATQ_ADMIN_TOKEN"] = token
+    return env, token
+
+
 def main() -> int:
-    env = dict(os.environ)
-    if not env.get("CHATQ_ADMIN_TOKEN") and env.get("CHATQ_ENV", "development") == "development":
-        # Local development only: a fresh token per run, printed below, never a default.
-        env["CHATQ_ADMIN_TOKEN"] = secrets.token_urlsafe(12)
-    port = env.get("CHATQ_HTTP_PORT", "8080")
-    base_metrics = int(env.get("CHATQ_METRICS_PORT", "9100"))
+    # The settings every service parses: what they would refuse is refused before any starts.
+    settings = Settings()
+    env, generated_token = child_environment(settings, os.environ)
+    # The pages are on the admin port when there is one, else with the webhooks.
+    port = settings.admin_port or settings.http_port
+    base_metrics = settings.metrics_port
     children: dict[str, subprocess.Popen[bytes]] = {}
     # The receiver migrates first; the others start once it answers (or 20 s pass).
     for i, name in enumerate(SERVICES):
@@ -30,9 +44,16 @@ def main() -> int:
         children[name] = subprocess.Popen([sys.executable, "-m", f"services.{name}"], env=child_env)
         if i == 0:
             time.sleep(1.5)
+    if generated_token is not None:
+        token_note = f"admin token: {generated_token}"
+    elif settings.admin_token is not None:
+        token_note = "admin token: CHATQ_ADMIN_TOKEN"
+    else:
+        token_note = "admin API off: set CHATQ_ADMIN_TOKEN"
+    sandbox = f"Sandbox chat: http://127.0.0.1:{port}/sandbox\n" if settings.sandbox_active else ""
     print(
-        f"\nchatqueue is starting. Sandbox chat: http://127.0.0.1:{port}/sandbox\n"
-        f"Operations page: http://127.0.0.1:{port}/ops (admin token: {env['CHATQ_ADMIN_TOKEN']})\n"
+        f"\nchatqueue is starting. {sandbox}"
+        f"Operations page: http://127.0.0.1:{port}/ops ({token_note})\n"
         "Ctrl-C drains and stops everything.\n",
         file=sys.stderr,
         flush=True,

@@ -246,7 +246,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         api = None
         if args.api:
             token = args.settings.admin_token.get_secret_value() if args.settings.admin_token else None
-            api = Api(args.settings.admin_url, token)
+            api = Api(args.settings.admin_base_url, token)
         print(args.run(api, args))
         return EXIT_OK
     except CliError as exc:

@@ -6,7 +6,9 @@ Nothing else in the code base reads the environment.
 
 from __future__ import annotations
 
+import ipaddress
 from typing import Literal
+from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
@@ -14,15 +16,77 @@ from pydantic_settings import BaseSettings, SettingsConfigDict
 LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/chatqueue"
 LOCAL_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
+# Secrets the production guards check: each at least 16 characters and no placeholder.
+GUARDED_SECRETS = (
+    "telegram_webhook_secret",
+    "avito_webhook_secret",
+    "generic_webhook_secret",
+    "generic_reply_secret",
+    "alert_webhook_secret",
+    "admin_token",
+)
+MIN_SECRET_LENGTH = 16
+# What the example files and tutorials put where a secret goes (compared lower-case).
+PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "placeholder", "example", "your-", "xxxx")
+# A random value of 16 characters from a 64-symbol alphabet has fewer than 8 distinct ones
+# about once in 200,000 draws; a hand-typed stand-in ("aaaabbbb...", "12341234...") has.
+MIN_DISTINCT_CHARACTERS = 8
+GENERATE_HINT = "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
+
+
+def placeholder_reason(secret: str) -> str | None:
+    """Why ``secret`` looks like a stand-in rather than a random value, or None.
+
+    The example files' ``CHANGE-ME-...`` values are longer than any length check, so
+    the guard reads what a secret is made of. A Standard Webhooks ``whsec_`` prefix is
+    not counted as part of the secret."""
+    lowered = secret.lower()
+    for mark in PLACEHOLDER_MARKS:
+        if mark in lowered:
+            return f"contains {mark!r}"
+    distinct = len(set(secret.removeprefix("whsec_")))
+    if distinct == 1:
+        return "is one character repeated"
+    if distinct < MIN_DISTINCT_CHARACTERS:
+        return f"has only {distinct} distinct characters (at least {MIN_DISTINCT_CHARACTERS})"
+    return None
+
+
+def url_password(url: str) -> str | None:
+    """The password in a URL's user info, decoded; None when the URL carries none."""
+    try:
+        password = urlsplit(url).password
+    except ValueError:
+        return None
+    return unquote(password) if password else None
+
+
+def is_loopback(host: str) -> bool:
+    """Whether ``host`` names this machine only: ``localhost``, 127.0.0.0/8 or ::1."""
+    name = host.strip().strip("[]").rstrip(".").lower()
+    if name == "localhost":
+        return True
+    try:
+        address = ipaddress.ip_address(name)
+    except ValueError:
+        return False
+    if isinstance(address, ipaddress.IPv6Address) and address.ipv4_mapped is not None:
+        return address.ipv4_mapped.is_loopback
+    return address.is_loopback
+
 
 class Settings(BaseSettings):
     """All chatqueue settings. Defaults are for local development only.
 
-    With ``CHATQ_ENV=production`` the validator refuses the local defaults (guest
-    credentials, trust-auth Postgres) and webhook endpoints whose secret is empty.
+    The production guards (``production_guards``) apply with ``CHATQ_ENV=production``
+    and also whenever the HTTP host is not a loopback address: then the validator
+    refuses the local defaults (guest credentials, trust-auth Postgres) and weak
+    secrets, and the sandbox is off unless enabled.
     """
 
-    model_config = SettingsConfigDict(env_prefix="CHATQ_", extra="ignore", frozen=True)
+    model_config = SettingsConfigDict(
+        env_prefix="CHATQ_", extra="ignore", frozen=True, hide_input_in_errors=True
+    )
 
     env: Literal["development", "production"] = "development"
     log_level: str = "INFO"
@@ -72,13 +136,17 @@ class Settings(BaseSettings):
 
     # Operations
     admin_token: SecretStr | None = None
-    admin_url: str = "http://127.0.0.1:8080"
-    # The built-in sandbox chat: on in development, off in production unless enabled.
+    # Where the chatq CLI finds the admin API; unset: this machine's ADMIN_PORT, else HTTP_PORT.
+    admin_url: str | None = None
+    # The built-in sandbox chat: on in development, off under the production guards unless enabled.
     sandbox_enabled: bool | None = None
     alert_webhook_url: str | None = None
     alert_webhook_secret: SecretStr | None = None
     http_host: str = "127.0.0.1"
     http_port: int = Field(default=8080, ge=0, le=65535)
+    # Unset: the admin API, /metrics, /ops and /sandbox share HTTP_PORT with the webhooks.
+    # Set: they move to this port and HTTP_PORT serves the webhooks and health checks only.
+    admin_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_port: int = Field(default=9100, ge=0, le=65535)
 
     # Intake
@@ -123,21 +191,57 @@ class Settings(BaseSettings):
         delays = self.retry_delays()  # validates the list
         if self.stuck_job_seconds <= max(delays):
             raise ValueError("STUCK_JOB_SECONDS must exceed the longest retry delay (RETRY_DELAYS_SECONDS)")
-        if self.env == "production":
-            if "guest:guest@" in self.amqp_url.get_secret_value():
-                raise ValueError("CHATQ_AMQP_URL uses the guest account; set real credentials")
-            if self.database_url.get_secret_value() == LOCAL_DATABASE_URL:
-                raise ValueError("CHATQ_DATABASE_URL is the local development default")
-            for name in (
-                "telegram_webhook_secret",
-                "avito_webhook_secret",
-                "generic_webhook_secret",
-                "admin_token",
-            ):
-                value = getattr(self, name)
-                if value is not None and len(value.get_secret_value()) < 16:
-                    raise ValueError(f"CHATQ_{name.upper()} must be at least 16 characters")
+        if self.admin_port is not None and self.admin_port == self.http_port:
+            raise ValueError("CHATQ_ADMIN_PORT must differ from CHATQ_HTTP_PORT (unset it to share one port)")
+        if self.production_guards:
+            problems = self._production_problems()
+            if problems:
+                raise ValueError(self._production_refusal(problems))
         return self
+
+    def _production_problems(self) -> list[str]:
+        problems = []
+        amqp_url = self.amqp_url.get_secret_value()
+        database_url = self.database_url.get_secret_value()
+        if "guest:guest@" in amqp_url:
+            problems.append("CHATQ_AMQP_URL uses the guest account; set real credentials")
+        if database_url == LOCAL_DATABASE_URL:
+            problems.append("CHATQ_DATABASE_URL is the local development default (trust authentication)")
+        weak = []
+        for name, url in (("CHATQ_DATABASE_URL", database_url), ("CHATQ_AMQP_URL", amqp_url)):
+            password = url_password(url)
+            if password and "guest:guest@" not in url and (reason := placeholder_reason(password)):
+                weak.append(f"{name}'s password {reason}, like a placeholder")
+        for setting in GUARDED_SECRETS:
+            value = getattr(self, setting)
+            if value is None:
+                continue
+            secret, name = value.get_secret_value(), f"CHATQ_{setting.upper()}"
+            if len(secret) < MIN_SECRET_LENGTH:
+                weak.append(f"{name} must be at least {MIN_SECRET_LENGTH} characters")
+            elif reason := placeholder_reason(secret):
+                weak.append(f"{name} {reason}, like a placeholder")
+        if weak:
+            problems += [*weak, GENERATE_HINT]
+        return problems
+
+    def _production_refusal(self, problems: list[str]) -> str:
+        listed = "; ".join(problems)
+        if self.env == "production":
+            return f"CHATQ_ENV=production refuses: {listed}. Set real credentials and secrets."
+        return (
+            f"CHATQ_HTTP_HOST={self.http_host} is not a loopback address, so the production guards "
+            f"apply although CHATQ_ENV is development: {listed}. Set CHATQ_ENV=production with real "
+            "credentials and secrets, or bind CHATQ_HTTP_HOST=127.0.0.1 for local development."
+        )
+
+    @property
+    def production_guards(self) -> bool:
+        """Whether the production checks and defaults apply: with CHATQ_ENV=production, and
+        whenever the HTTP host is not a loopback address, so that a server where
+        CHATQ_ENV was forgotten does not run with the sandbox open and the development
+        credentials accepted. Development defaults need a host only this machine reaches."""
+        return self.env == "production" or not is_loopback(self.http_host)
 
     def retry_delays(self) -> list[float]:
         """Delays of the retry tiers, in seconds, from RETRY_DELAYS_SECONDS."""
@@ -151,7 +255,21 @@ class Settings(BaseSettings):
 
     @property
     def sandbox_active(self) -> bool:
-        return self.sandbox_enabled if self.sandbox_enabled is not None else self.env == "development"
+        """SANDBOX_ENABLED when set; otherwise on in development, off under the production guards."""
+        return self.sandbox_enabled if self.sandbox_enabled is not None else not self.production_guards
+
+    @property
+    def admin_base_url(self) -> str:
+        """ADMIN_URL, or the admin API of a receiver on this machine with these settings."""
+        if self.admin_url:
+            return self.admin_url
+        # A receiver bound to every address is reached on loopback; an IPv6 literal in brackets.
+        host = {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(
+            self.http_host.strip("[]"), self.http_host.strip("[]")
+        )
+        if ":" in host:
+            host = f"[{host}]"
+        return f"http://{host}:{self.admin_port or self.http_port}"
 
     @property
     def telegram_account_id(self) -> str:

@@ -1,20 +1,22 @@
 """The receiver's composition root: ``create_app(settings)`` builds every part from the
-settings and wires them; ``__main__`` serves it with uvicorn."""
+settings and wires them; ``run`` serves it (one port, or the webhooks and the admin
+surface on two) until SIGTERM, then drains."""
 
 from __future__ import annotations
 
 import asyncio
 import logging
+import math
 import time
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
 from dataclasses import dataclass
-from pathlib import Path
 from typing import Any
 
 import asyncpg
-from fastapi import FastAPI, Request
-from fastapi.responses import HTMLResponse, JSONResponse
+import uvicorn
+from fastapi import APIRouter, FastAPI, Request
+from fastapi.responses import JSONResponse
 from prometheus_client import make_asgi_app
 
 from shared import metrics
@@ -24,10 +26,11 @@ from shared.db import create_pool
 from shared.faults import fault_point
 from shared.lifecycle import freeze_startup_heap
 from shared.migrate import migrate_dsn
+from shared.ops_http import OpsServer
 from shared.outbox import Relay
 from shared.settings import Settings
 
-from . import operations, sandbox
+from . import operations, pages, sandbox
 from .errors import ApiError, install_error_handlers
 from .intake import Intake, Stored, parse_json, store
 from .limits import BodySizeLimit
@@ -35,8 +38,6 @@ from .openapi import json_body
 from .webhooks import avito, generic, telegram
 
 logger = logging.getLogger(__name__)
-
-OPS_PAGE = Path(__file__).with_name("static") / "ops.html"
 
 
 @dataclass
@@ -61,42 +62,81 @@ async def _backlog_gauges(pool: asyncpg.Pool, interval: float = 10.0) -> None:
         await asyncio.sleep(interval)
 
 
-def create_app(settings: Settings) -> FastAPI:
-    generic_verifier = generic.verifier(_secret(settings.generic_webhook_secret))
-    telegram_secret = _secret(settings.telegram_webhook_secret)
-    avito_secret = _secret(settings.avito_webhook_secret)
-    telegram_account = settings.telegram_account_id
+@dataclass(frozen=True)
+class ReceiverApps:
+    """What the receiver serves. Without ADMIN_PORT, ``public`` is the one app on
+    HTTP_PORT and ``admin`` is None. With it, ``public`` (HTTP_PORT, the one a deploy
+    exposes) has only the webhooks, /healthz and /readyz, and ``admin`` (ADMIN_PORT) the
+    admin API, /metrics, /ops, /sandbox, the health checks and /openapi.json.
+
+    ``running()`` starts the pool, broker, relay and gauges once for both apps; the
+    HTTP servers do not run lifespans of their own."""
+
+    settings: Settings
+    public: FastAPI
+    admin: FastAPI | None
+
+    @property
+    def listeners(self) -> list[tuple[FastAPI, int]]:
+        """Each app with the port it is served on."""
+        served = [(self.public, self.settings.http_port)]
+        if self.admin is not None and self.settings.admin_port is not None:
+            served.append((self.admin, self.settings.admin_port))
+        return served
 
     @asynccontextmanager
-    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
-        runtime = await _start(settings)
-        app.state.pool = runtime.pool
-        app.state.runtime = runtime
+    async def running(self) -> AsyncIterator[Runtime]:
+        runtime = await _start(self.settings)
+        for app, _ in self.listeners:
+            app.state.pool = runtime.pool
+            app.state.runtime = runtime
         freeze_startup_heap()
         try:
-            yield
+            yield runtime
         finally:
             await _stop(runtime)
 
+
+def create_app(settings: Settings) -> ReceiverApps:
+    """The composition root: every route and part, built from the settings."""
+    webhooks = _webhook_routes(settings)
+    admin_routes = [operations.router, sandbox.router, pages.router]
+    if settings.admin_port is None:
+        app = _app(settings, [*admin_routes, webhooks, health], admin=True)
+        return ReceiverApps(settings, public=app, admin=None)
+    public = _app(settings, [webhooks, health], admin=False)
+    admin = _app(settings, [*admin_routes, health], admin=True)
+    return ReceiverApps(settings, public=public, admin=admin)
+
+
+def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAPI:
+    """One FastAPI app over some of the routes. Only an app with the admin routes
+    publishes /metrics and the OpenAPI document; on any other, those paths are the
+    JSON 404 of every unknown path."""
     app = FastAPI(
         title="chatqueue receiver",
         version="0.1.0",
-        lifespan=lifespan,
         docs_url=None,
         redoc_url=None,
+        openapi_url="/openapi.json" if admin else None,
     )
     app.state.admin_token = _secret(settings.admin_token)
     app.state.sandbox_active = settings.sandbox_active
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
-    app.include_router(operations.router)
-    app.include_router(sandbox.router)
+    for router in routers:
+        app.include_router(router)
+    if admin:
+        app.mount("/metrics", make_asgi_app())
+    return app
 
-    @app.get("/ops", response_class=HTMLResponse, include_in_schema=False)
-    async def ops_page() -> HTMLResponse:
-        return HTMLResponse(OPS_PAGE.read_text(encoding="utf-8"))
 
-    app.mount("/metrics", make_asgi_app())
+def _webhook_routes(settings: Settings) -> APIRouter:
+    generic_verifier = generic.verifier(_secret(settings.generic_webhook_secret))
+    telegram_secret = _secret(settings.telegram_webhook_secret)
+    avito_secret = _secret(settings.avito_webhook_secret)
+    telegram_account = settings.telegram_account_id
+    router = APIRouter()
 
     async def accept(request: Request, platform: str, intake: Intake) -> Stored:
         stored = await store(request.app.state.pool, intake)
@@ -108,7 +148,7 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.WEBHOOKS.labels(platform=platform, outcome=outcome).inc()
         return stored
 
-    @app.post("/v1/webhooks/telegram", openapi_extra=json_body(telegram.TelegramUpdate))
+    @router.post("/v1/webhooks/telegram", openapi_extra=json_body(telegram.TelegramUpdate))
     async def telegram_webhook(request: Request) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("telegram"):
@@ -118,7 +158,7 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.WEBHOOK_SECONDS.labels(platform="telegram").observe(time.perf_counter() - started)
         return JSONResponse(_ack(stored))
 
-    @app.post("/v1/webhooks/avito/{secret}", openapi_extra=json_body(avito.AvitoWebhook))
+    @router.post("/v1/webhooks/avito/{secret}", openapi_extra=json_body(avito.AvitoWebhook))
     async def avito_webhook(secret: str, request: Request) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("avito"):
@@ -128,7 +168,7 @@ def create_app(settings: Settings) -> FastAPI:
         metrics.WEBHOOK_SECONDS.labels(platform="avito").observe(time.perf_counter() - started)
         return JSONResponse(_ack(stored))
 
-    @app.post("/v1/webhooks/generic", status_code=202, openapi_extra=json_body(generic.GenericMessage))
+    @router.post("/v1/webhooks/generic", status_code=202, openapi_extra=json_body(generic.GenericMessage))
     async def generic_webhook(request: Request) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("generic"):
@@ -142,27 +182,67 @@ def create_app(settings: Settings) -> FastAPI:
         doc["status_url"] = f"/v1/operations/{stored.operation_id}"
         return JSONResponse(doc, status_code=202)
 
-    @app.get("/healthz")
-    async def healthz() -> dict[str, str]:
-        return {"status": "ok"}
+    return router
 
-    @app.get("/readyz")
-    async def readyz(request: Request) -> JSONResponse:
-        runtime: Runtime = request.app.state.runtime
-        checks: dict[str, str] = {}
-        try:
-            await asyncio.wait_for(runtime.pool.fetchval("SELECT 1"), timeout=2)
-            checks["postgres"] = "ok"
-        except Exception as exc:
-            checks["postgres"] = f"unreachable: {type(exc).__name__}"
-        checks["rabbitmq"] = "ok" if runtime.broker.is_open else "unreachable"
-        # Intake needs Postgres only: while RabbitMQ is away the outbox holds what
-        # arrives, so the receiver stays in rotation and reports itself degraded.
-        ready = checks["postgres"] == "ok"
-        status = "ok" if ready and checks["rabbitmq"] == "ok" else ("degraded" if ready else "unready")
-        return JSONResponse({"status": status, "checks": checks}, status_code=200 if ready else 503)
 
-    return app
+health = APIRouter()
+
+
+@health.get("/healthz")
+async def healthz() -> dict[str, str]:
+    return {"status": "ok"}
+
+
+@health.get("/readyz")
+async def readyz(request: Request) -> JSONResponse:
+    runtime: Runtime = request.app.state.runtime
+    checks: dict[str, str] = {}
+    try:
+        await asyncio.wait_for(runtime.pool.fetchval("SELECT 1"), timeout=2)
+        checks["postgres"] = "ok"
+    except Exception as exc:
+        checks["postgres"] = f"unreachable: {type(exc).__name__}"
+    checks["rabbitmq"] = "ok" if runtime.broker.is_open else "unreachable"
+    # Intake needs Postgres only: while RabbitMQ is away the outbox holds what
+    # arrives, so the receiver stays in rotation and reports itself degraded.
+    ready = checks["postgres"] == "ok"
+    status = "ok" if ready and checks["rabbitmq"] == "ok" else ("degraded" if ready else "unready")
+    return JSONResponse({"status": status, "checks": checks}, status_code=200 if ready else 503)
+
+
+async def run(settings: Settings, stop: asyncio.Event) -> None:
+    """Serve every listener in this event loop until ``stop`` is set, then drain: each
+    server stops accepting and finishes its requests in flight (up to
+    SHUTDOWN_GRACE_SECONDS), and only then the relay, broker and pool close."""
+    receiver = create_app(settings)
+    servers = [
+        OpsServer(
+            uvicorn.Config(
+                app,
+                host=settings.http_host,
+                port=port,
+                lifespan="off",
+                log_config=None,
+                access_log=False,
+                timeout_graceful_shutdown=math.ceil(settings.shutdown_grace_seconds),
+            )
+        )
+        for app, port in receiver.listeners
+    ]
+    async with receiver.running():
+        serving = {asyncio.create_task(s.serve(), name=f"http-{s.config.port}") for s in servers}
+        stopper = asyncio.create_task(stop.wait(), name="stop")
+        done, _ = await asyncio.wait({stopper, *serving}, return_when=asyncio.FIRST_COMPLETED)
+        stopper.cancel()
+        failed = [t for t in done if t is not stopper]
+        for task in failed:
+            logger.error("%s stopped unexpectedly", task.get_name(), exc_info=task.exception())
+        for server in servers:
+            server.should_exit = True
+        await asyncio.gather(*serving, return_exceptions=True)
+    logger.info("receiver stopped")
+    if failed:
+        raise SystemExit(1)
 
 
 async def _start(settings: Settings) -> Runtime:

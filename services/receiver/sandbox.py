@@ -9,7 +9,6 @@ from __future__ import annotations
 import json
 import uuid
 from datetime import UTC, datetime
-from pathlib import Path
 from typing import Any
 
 import asyncpg
@@ -22,9 +21,9 @@ from shared import metrics
 from .errors import ApiError
 from .intake import Intake, parse_json, store
 from .openapi import json_body
+from .pages import page
 
 ACCOUNT = "sandbox"
-PAGE = Path(__file__).with_name("static") / "sandbox.html"
 
 router = APIRouter()
 
@@ -44,7 +43,7 @@ def _require_sandbox(request: Request) -> None:
 @router.get("/sandbox", response_class=HTMLResponse, include_in_schema=False)
 async def sandbox_page(request: Request) -> HTMLResponse:
     _require_sandbox(request)
-    return HTMLResponse(PAGE.read_text(encoding="utf-8"))
+    return page("sandbox.html")
 
 
 @router.post("/v1/sandbox/messages", status_code=202, openapi_extra=json_body(SandboxMessage))

@@ -4,14 +4,17 @@ operations web page in headless Chromium."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import os
 import shutil
 import subprocess
 import sys
 from collections.abc import AsyncIterator
+from typing import Any
 
 import httpx
 import pytest
+from playwright.async_api import async_playwright, expect
 
 from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET
 from tests.fakes.platforms import FakeWorld
@@ -114,12 +117,10 @@ async def test_the_cli_shows_lists_retries_and_resolves_with_exit_codes_scripts_
     assert unreachable.returncode == 3
 
 
-async def test_the_ops_page_retries_a_failed_operation_and_shows_its_status_change(
-    stack: Receiver, world: FakeWorld
-) -> None:
-    from playwright.async_api import async_playwright
-
-    op = await failed_operation(stack, world, 3)
+@contextlib.asynccontextmanager
+async def browser_page() -> AsyncIterator[tuple[Any, list[str]]]:
+    """A page in headless Chromium, and every Content-Security-Policy violation it reports
+    (Chromium logs each blocked script, style or connection on the console)."""
     async with async_playwright() as p:
         browser = await p.chromium.launch(
             executable_path=CHROMIUM,
@@ -134,22 +135,53 @@ async def test_the_ops_page_retries_a_failed_operation_and_shows_its_status_chan
         )
         try:
             page = await browser.new_page()
-            await page.goto(f"{stack.url}/ops")
-            await page.fill("#token", ADMIN_TOKEN)
-            await page.click("#login button")
-            row = page.locator(f'tr[data-id="{op}"]')
-            await row.wait_for(timeout=10_000)
-            assert "gave up" in await row.inner_text()
-            await row.get_by_role("button", name="Retry").click()
-            status = page.locator("#detail-status")
-            await status.wait_for(timeout=10_000)
-            # The page refreshes the open operation every few seconds.
-            await page.wait_for_function(
-                "document.querySelector('#detail-status')?.dataset.status === 'replied'", timeout=30_000
+            violations: list[str] = []
+            page.on(
+                "console",
+                lambda m: violations.append(m.text) if "Content Security Policy" in m.text else None,
             )
-            assert await status.get_attribute("data-status") == "replied"
-            assert "reply sent at" in await status.inner_text()
-            await page.wait_for_function(f"!document.querySelector('tr[data-id=\"{op}\"]')", timeout=10_000)
-            await page.screenshot(path=str(ROOT / ".pytest_cache" / "ops-page.png"), full_page=True)
+            yield page, violations
         finally:
             await browser.close()
+
+
+async def test_the_ops_page_retries_a_failed_operation_and_shows_its_status_change(
+    stack: Receiver, world: FakeWorld
+) -> None:
+    op = await failed_operation(stack, world, 3)
+    async with browser_page() as (page, violations):
+        response = await page.goto(f"{stack.url}/ops")
+        assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+        await page.fill("#token", ADMIN_TOKEN)
+        await page.click("#login button")
+        row = page.locator(f'tr[data-id="{op}"]')
+        await row.wait_for(timeout=10_000)
+        assert "gave up" in await row.inner_text()
+        await row.get_by_role("button", name="Retry").click()
+        status = page.locator("#detail-status")
+        await status.wait_for(timeout=10_000)
+        # The page refreshes the open operation every few seconds. (Locator assertions, not
+        # wait_for_function: evaluating a string in the page is what the policy forbids.)
+        await expect(status).to_have_attribute("data-status", "replied", timeout=30_000)
+        assert "reply sent at" in await status.inner_text()
+        await expect(row).to_have_count(0, timeout=10_000)
+        # The stylesheet applied: the header is the page's dark bar, not the browser's default.
+        header = await page.eval_on_selector("header", "h => getComputedStyle(h).backgroundColor")
+        assert header == "rgb(31, 41, 55)"
+        await page.screenshot(path=str(ROOT / ".pytest_cache" / "ops-page.png"), full_page=True)
+    assert violations == []
+
+
+async def test_the_sandbox_page_sends_a_message_and_shows_the_bots_answer_under_its_policy(
+    stack: Receiver,
+) -> None:
+    async with browser_page() as (page, violations):
+        await page.goto(f"{stack.url}/sandbox?chat=browser1")
+        await page.fill("#text", "Is it still available?")
+        await page.click("#send button")
+        await page.locator(".msg.buyer").wait_for(timeout=10_000)
+        await page.locator(".msg.bot").wait_for(timeout=30_000)
+        assert "available" in await page.locator(".msg.bot").inner_text()
+        header = await page.eval_on_selector("header", "h => getComputedStyle(h).backgroundColor")
+        assert header == "rgb(31, 41, 55)"
+    assert violations == []

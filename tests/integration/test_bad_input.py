@@ -1,9 +1,14 @@
-"""Bad input gets a clear JSON 4xx and writes nothing (invariant I6)."""
+"""Bad input gets a clear JSON 4xx and writes nothing (invariant I6).
+
+Each case builds its body and headers when the test runs, not when the module is
+collected: a signature made at collection time is over five minutes old by the time a
+long suite reaches it, and the case would test the timestamp window instead."""
 
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 
 import asyncpg
 import pytest
@@ -16,164 +21,199 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
 JSON = {"content-type": "application/json"}
 TG = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET, **JSON}
-GOOD_TG = dumps(telegram_update(1))
-GOOD_GENERIC = dumps(generic_message("g-1"))
 AVITO = f"/v1/webhooks/avito/{AVITO_SECRET}"
+
+Request = Callable[[], tuple[bytes, dict[str, str]]]
 
 
 @dataclass(frozen=True)
 class Case:
     name: str
     path: str
-    body: bytes
-    headers: dict[str, str] = field(default_factory=dict)
-    status: int = 400
-    code: str = ""
+    request: Request  # the body and headers, built when the test runs
+    status: int
+    code: str
 
 
-def generic_headers(body: bytes, **kw) -> dict[str, str]:
-    return signed(GENERIC_SECRET, body, webhook_id=kw.pop("webhook_id", "msg_bad"), **kw)
+def good_telegram() -> bytes:
+    return dumps(telegram_update(1))
 
+
+def good_generic() -> bytes:
+    return dumps(generic_message("g-1"))
+
+
+def fixed(body: bytes | Callable[[], bytes], headers: dict[str, str]) -> Request:
+    """A request whose headers do not depend on the clock."""
+    return lambda: (body() if callable(body) else body, headers)
+
+
+def generic(
+    body: Callable[[], bytes] = good_generic,
+    *,
+    signed_body: Callable[[], bytes] | None = None,
+    age_seconds: float = 0.0,
+    **overrides: str,
+) -> Request:
+    """A generic webhook signed now (or ``age_seconds`` ago), over ``signed_body`` when
+    given, with some headers overridden."""
+
+    def build() -> tuple[bytes, dict[str, str]]:
+        content = body()
+        over = signed_body() if signed_body is not None else content
+        headers = signed(GENERIC_SECRET, over, webhook_id="msg_bad", timestamp=time.time() - age_seconds)
+        headers.update({k.replace("_", "-"): v for k, v in overrides.items()})
+        return content, headers
+
+    return build
+
+
+MISSING_TEXT = b'{"account_id": "a", "chat_id": "c", "message_id": "m", "sent_at": "2026-01-01T00:00:00Z"}'
 
 CASES = [
     Case(
-        "telegram without the secret header", "/v1/webhooks/telegram", GOOD_TG, JSON, 401, "bad_secret_token"
+        "telegram without the secret header",
+        "/v1/webhooks/telegram",
+        fixed(good_telegram, JSON),
+        401,
+        "bad_secret_token",
     ),
     Case(
         "telegram with a wrong secret",
         "/v1/webhooks/telegram",
-        GOOD_TG,
-        {**JSON, "X-Telegram-Bot-Api-Secret-Token": "nope"},
+        fixed(good_telegram, {**JSON, "X-Telegram-Bot-Api-Secret-Token": "nope"}),
         401,
         "bad_secret_token",
     ),
-    Case("avito with a wrong path secret", "/v1/webhooks/avito/guess", b"{}", JSON, 401, "bad_path_secret"),
+    Case(
+        "avito with a wrong path secret",
+        "/v1/webhooks/avito/guess",
+        fixed(b"{}", JSON),
+        401,
+        "bad_path_secret",
+    ),
     Case(
         "generic with a forged signature",
         "/v1/webhooks/generic",
-        GOOD_GENERIC,
-        {**generic_headers(GOOD_GENERIC), "webhook-signature": "v1,Zm9yZ2Vk"},
+        generic(webhook_signature="v1,Zm9yZ2Vk"),
         401,
         "bad_signature",
     ),
     Case(
         "generic signed for another body",
         "/v1/webhooks/generic",
-        GOOD_GENERIC,
-        generic_headers(dumps(generic_message("other"))),
+        generic(signed_body=lambda: dumps(generic_message("other"))),
         401,
         "bad_signature",
     ),
     Case(
         "generic with a stale timestamp",
         "/v1/webhooks/generic",
-        GOOD_GENERIC,
-        generic_headers(GOOD_GENERIC, timestamp=time.time() - 3600),
+        generic(age_seconds=3600),
         401,
         "bad_signature",
     ),
     Case(
         "generic with a timestamp from the future",
         "/v1/webhooks/generic",
-        GOOD_GENERIC,
-        generic_headers(GOOD_GENERIC, timestamp=time.time() + 3600),
+        generic(age_seconds=-3600),
         401,
         "bad_signature",
     ),
     Case(
-        "generic without signature headers", "/v1/webhooks/generic", GOOD_GENERIC, JSON, 401, "bad_signature"
+        "generic without signature headers",
+        "/v1/webhooks/generic",
+        fixed(good_generic, JSON),
+        401,
+        "bad_signature",
     ),
     Case(
         "generic with a garbled signature header",
         "/v1/webhooks/generic",
-        GOOD_GENERIC,
-        {**generic_headers(GOOD_GENERIC), "webhook-signature": "garbage-without-comma"},
+        generic(webhook_signature="garbage-without-comma"),
         401,
         "bad_signature",
     ),
     Case(
         "a body over the cap",
         "/v1/webhooks/telegram",
-        b'{"update_id": 1, "pad": "' + b"x" * 300_000 + b'"}',
-        TG,
+        fixed(b'{"update_id": 1, "pad": "' + b"x" * 300_000 + b'"}', TG),
         413,
         "body_too_large",
     ),
-    Case("malformed JSON", "/v1/webhooks/telegram", b'{"update_id": 1,', TG, 400, "malformed_json"),
+    Case("malformed JSON", "/v1/webhooks/telegram", fixed(b'{"update_id": 1,', TG), 400, "malformed_json"),
     Case(
         "invalid UTF-8",
         "/v1/webhooks/telegram",
-        b'{"update_id": 1, "x": "\xff\xfe"}',
-        TG,
+        fixed(b'{"update_id": 1, "x": "\xff\xfe"}', TG),
         400,
         "invalid_utf8",
     ),
-    Case("valid JSON of the wrong shape", "/v1/webhooks/telegram", b"[1, 2, 3]", TG, 422, "invalid_payload"),
+    Case(
+        "valid JSON of the wrong shape",
+        "/v1/webhooks/telegram",
+        fixed(b"[1, 2, 3]", TG),
+        422,
+        "invalid_payload",
+    ),
     Case(
         "a telegram update_id that is a string",
         "/v1/webhooks/telegram",
-        b'{"update_id": "1"}',
-        TG,
+        fixed(b'{"update_id": "1"}', TG),
         422,
         "invalid_payload",
     ),
     Case(
         "a telegram message without a chat",
         "/v1/webhooks/telegram",
-        b'{"update_id": 2, "message": {"message_id": 1, "date": 1, "text": "hi"}}',
-        TG,
+        fixed(b'{"update_id": 2, "message": {"message_id": 1, "date": 1, "text": "hi"}}', TG),
         422,
         "invalid_payload",
     ),
     Case(
         "a text with a NUL character",
         "/v1/webhooks/telegram",
-        dumps(telegram_update(3, text="a\u0000b")),
-        TG,
+        fixed(lambda: dumps(telegram_update(3, text="a\u0000b")), TG),
         422,
         "invalid_payload",
     ),
     Case(
         "a text with a lone surrogate",
         "/v1/webhooks/telegram",
-        b'{"update_id": 4, "message": {"message_id": 4, "date": 1, "chat": {"id": 1, "type": "private"}, '
-        b'"text": "\\ud800"}}',
-        TG,
+        fixed(
+            b'{"update_id": 4, "message": {"message_id": 4, "date": 1, "chat": {"id": 1, "type": "private"}, '
+            b'"text": "\\ud800"}}',
+            TG,
+        ),
         422,
         "invalid_payload",
     ),
     Case(
         "wrong content type",
         "/v1/webhooks/telegram",
-        GOOD_TG,
-        {**TG, "content-type": "text/plain"},
+        fixed(good_telegram, {**TG, "content-type": "text/plain"}),
         415,
         "unsupported_media_type",
     ),
-    Case("avito without a payload", AVITO, b'{"id": "x"}', JSON, 422, "invalid_payload"),
+    Case("avito without a payload", AVITO, fixed(b'{"id": "x"}', JSON), 422, "invalid_payload"),
     Case(
         "avito message without ids",
         AVITO,
-        b'{"payload": {"type": "message", "value": {"type": "text"}}}',
-        JSON,
+        fixed(b'{"payload": {"type": "message", "value": {"type": "text"}}}', JSON),
         422,
         "invalid_payload",
     ),
     Case(
         "generic with a missing text",
         "/v1/webhooks/generic",
-        b'{"account_id": "a", "chat_id": "c", "message_id": "m", "sent_at": "2026-01-01T00:00:00Z"}',
-        generic_headers(
-            b'{"account_id": "a", "chat_id": "c", "message_id": "m", "sent_at": "2026-01-01T00:00:00Z"}'
-        ),
+        generic(lambda: MISSING_TEXT),
         422,
         "invalid_payload",
     ),
     Case(
         "deeply nested JSON",
         "/v1/webhooks/telegram",
-        b'{"update_id": 5, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}",
-        TG,
+        fixed(b'{"update_id": 5, "x": ' + b"[" * 100_000 + b"]" * 100_000 + b"}", TG),
         400,
         "malformed_json",
     ),
@@ -184,8 +224,9 @@ CASES = [
 async def test_bad_input_is_refused_with_a_json_4xx_and_nothing_is_written(
     case: Case, settings, pool: asyncpg.Pool
 ) -> None:
+    body, headers = case.request()
     async with running_receiver(replace(settings, relay_enabled=False)) as (_, client):
-        response = await client.post(case.path, content=case.body, headers=case.headers)
+        response = await client.post(case.path, content=body, headers=headers)
     assert response.status_code == case.status, response.text
     assert response.headers["content-type"].startswith("application/json")
     error = response.json()["error"]
@@ -198,7 +239,7 @@ async def test_bad_input_is_refused_with_a_json_4xx_and_nothing_is_written(
 async def test_an_endpoint_whose_secret_is_not_configured_is_off(settings, pool: asyncpg.Pool) -> None:
     off = replace(settings, relay_enabled=False, telegram_webhook_secret=None)
     async with running_receiver(off) as (_, client):
-        response = await client.post("/v1/webhooks/telegram", content=GOOD_TG, headers=TG)
+        response = await client.post("/v1/webhooks/telegram", content=good_telegram(), headers=TG)
     assert response.status_code == 404
     assert response.json()["error"]["code"] == "platform_not_configured"
     assert await pool.fetchval("SELECT count(*) FROM operations") == 0

@@ -100,19 +100,29 @@ class ServiceProcess:
 
 
 class Receiver(ServiceProcess):
-    def __init__(self, settings: Any, *, port: int | None = None, **extra: str) -> None:
+    """The receiver on a free port; with ``admin_port``, its admin surface on that one
+    (``admin_url``; without it, ``admin_url`` is ``url``)."""
+
+    def __init__(
+        self, settings: Any, *, port: int | None = None, admin_port: int | None = None, **extra: str
+    ) -> None:
         self.port = port or free_port()
+        self.admin_port = admin_port
+        if admin_port is not None:
+            extra["CHATQ_ADMIN_PORT"] = str(admin_port)
         super().__init__(
             "services.receiver",
             settings_env(settings, CHATQ_HTTP_PORT=str(self.port), **extra),
             name="receiver",
         )
         self.url = f"http://127.0.0.1:{self.port}"
+        self.admin_url = f"http://127.0.0.1:{admin_port}" if admin_port is not None else self.url
 
     async def start(self, *, wait_healthy: bool = True) -> Receiver:
         await super().start()
         if wait_healthy:
             await self.wait_http(f"{self.url}/healthz")
+            await self.wait_http(f"{self.admin_url}/healthz")
         return self
 
 

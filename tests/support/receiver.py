@@ -1,4 +1,4 @@
-"""The receiver in-process, for integration tests: the real app, lifespan and relay,
+"""The receiver in-process, for integration tests: the real apps, runtime and relay,
 called through httpx's ASGI transport."""
 
 from __future__ import annotations
@@ -9,14 +9,18 @@ from collections.abc import AsyncIterator
 import httpx
 from fastapi import FastAPI
 
-from services.receiver.app import create_app
+from services.receiver.app import ReceiverApps, create_app
 from shared.settings import Settings
 
 
+def client_of(app: FastAPI, host: str = "receiver") -> httpx.AsyncClient:
+    return httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url=f"http://{host}")
+
+
 @contextlib.asynccontextmanager
-async def running_receiver(settings: Settings) -> AsyncIterator[tuple[FastAPI, httpx.AsyncClient]]:
-    app = create_app(settings)
-    async with app.router.lifespan_context(app):
-        transport = httpx.ASGITransport(app=app)
-        async with httpx.AsyncClient(transport=transport, base_url="http://receiver") as client:
-            yield app, client
+async def running_receiver(settings: Settings) -> AsyncIterator[tuple[ReceiverApps, httpx.AsyncClient]]:
+    """The receiver running, and a client of the app on HTTP_PORT (everything, unless
+    ADMIN_PORT is set; then ``client_of(receiver.admin)`` reaches the admin app)."""
+    receiver = create_app(settings)
+    async with receiver.running(), client_of(receiver.public) as client:
+        yield receiver, client

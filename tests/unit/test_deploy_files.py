@@ -5,6 +5,7 @@ every chatq_* metric they read being one the services export."""
 
 from __future__ import annotations
 
+import base64
 import json
 import re
 import subprocess
@@ -15,9 +16,10 @@ import jsonschema
 import kubernetes_validate
 import pytest
 import yaml
+from pydantic import ValidationError
 
 from shared.broker.topology import build_topology
-from shared.settings import Settings
+from shared.settings import GUARDED_SECRETS, Settings
 from tests.support.deploy_files import (
     DEPLOY,
     RABBITMQ_TRIGGER_KEYS,
@@ -117,6 +119,36 @@ def test_the_compose_stack_takes_every_secret_from_the_env_files_and_passes_only
     assert not unknown, f"not chatqueue settings: {unknown}"
 
 
+def example_values(path: Path) -> dict[str, str]:
+    """NAME=value lines of an example env file, commented-out ones included."""
+    lines = (line.lstrip("#").strip() for line in path.read_text().splitlines())
+    return dict(line.split("=", 1) for line in lines if re.match(r"[A-Z_]+=\S", line))
+
+
+def test_the_example_files_placeholders_are_refused_until_a_person_replaces_them() -> None:
+    chatq = example_values(DEPLOY / "chatqueue.env.example")
+    guarded = {f"CHATQ_{name.upper()}" for name in GUARDED_SECRETS}
+    examples = {k: v for k, v in chatq.items() if k in guarded}
+    assert "CHATQ_ADMIN_TOKEN" in examples
+    real = {
+        "database_url": "postgresql://chatq:Qm7vTz2pLw9xKc4R@db/chatq",
+        "amqp_url": "amqp://chatq:Hs8dJ3kq0PzX5nVb@mq/",
+    }
+    for name, value in examples.items():
+        with pytest.raises(ValidationError, match=name):
+            Settings(env="production", **real, **{name.removeprefix("CHATQ_").lower(): value})
+    infra = example_values(DEPLOY / ".env.example")
+    env = compose()["x-chatqueue"]["environment"]
+    urls = {
+        name: re.sub(r"\$\{(\w+)[^}]*\}", lambda m: infra[m.group(1)], env[name])
+        for name in ("CHATQ_DATABASE_URL", "CHATQ_AMQP_URL")
+    }
+    with pytest.raises(ValidationError) as refused:
+        Settings(env="production", database_url=urls["CHATQ_DATABASE_URL"], amqp_url=urls["CHATQ_AMQP_URL"])
+    assert "CHATQ_DATABASE_URL's password contains 'change-me'" in str(refused.value)
+    assert "CHATQ_AMQP_URL's password contains 'change-me'" in str(refused.value)
+
+
 def test_rabbitmq_loads_the_generated_topology_and_its_user_at_boot() -> None:
     rabbit = compose()["services"]["rabbitmq"]
     targets = {c["source"]: c["target"] for c in rabbit["configs"]}
@@ -212,6 +244,49 @@ def test_every_deployment_has_probes_limits_a_budget_and_a_grace_period_that_cov
         assert refs == {config["metadata"]["name"], "chatqueue-secrets"}
     job = next(d for d in docs if d["kind"] == "Job")
     assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["shared.migrate"]
+
+
+def test_the_dev_overlay_settings_pass_the_guards_its_pods_apply_and_keep_the_sandbox() -> None:
+    docs = kustomize(OVERLAYS[0])
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    secret = next(d for d in docs if d["kind"] == "Secret")["data"]
+    values = {**config, **{k: base64.b64decode(v).decode() for k, v in secret.items()}}
+    settings = Settings(**{k.removeprefix("CHATQ_").lower(): v for k, v in values.items()})
+    assert settings.production_guards, "pods listen on 0.0.0.0, not loopback"
+    assert settings.sandbox_active
+
+
+def test_the_receiver_keeps_its_admin_port_apart_from_the_webhook_port_in_every_deploy() -> None:
+    receiver = compose()["services"]["receiver"]
+    admin_port = receiver["environment"]["CHATQ_ADMIN_PORT"]
+    assert receiver["environment"]["CHATQ_ENV"] == "production", "the merge kept the shared settings"
+    assert receiver["ports"] == [
+        "${RECEIVER_BIND:-127.0.0.1}:8080:8080",
+        f"${{ADMIN_BIND:-127.0.0.1}}:{admin_port}:{admin_port}",
+    ]
+    assert "ADMIN_BIND=127.0.0.1" in (DEPLOY / ".env.example").read_text()
+    scrape = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())["scrape_configs"]
+    job = next(j for j in scrape if j["job_name"] == "chatqueue-receiver")
+    assert job["static_configs"][0]["targets"] == [f"receiver:{admin_port}"]
+    for overlay in OVERLAYS:
+        docs = kustomize(overlay)
+        config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+        dep = next(
+            d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "chatqueue-receiver"
+        )
+        (container,) = dep["spec"]["template"]["spec"]["containers"]
+        ports = {p["name"]: p["containerPort"] for p in container["ports"]}
+        assert ports == {"http": int(config["CHATQ_HTTP_PORT"]), "admin": int(config["CHATQ_ADMIN_PORT"])}
+        annotations = dep["spec"]["template"]["metadata"]["annotations"]
+        assert int(annotations["prometheus.io/port"]) == ports["admin"], "/metrics is on the admin port"
+        assert container["readinessProbe"]["httpGet"]["port"] == "http"
+        service = next(
+            d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "chatqueue-receiver"
+        )
+        assert {p["name"]: p["targetPort"] for p in service["spec"]["ports"]} == {
+            "http": "http",
+            "admin": "admin",
+        }
 
 
 def test_keda_scales_the_responder_and_the_coalescer_on_their_own_queues() -> None:

@@ -3,9 +3,14 @@ from __future__ import annotations
 import pytest
 from pydantic import ValidationError
 
-from shared.settings import Settings
+from shared.settings import Settings, placeholder_reason
 
 pytestmark = pytest.mark.unit
+
+SERVER_CREDENTIALS = {
+    "database_url": "postgresql://chatq:Qm7vTz2pLw9xKc4R@db/chatq",
+    "amqp_url": "amqp://chatq:Hs8dJ3kq0PzX5nVb@mq/",
+}
 
 
 def test_settings_come_from_chatq_prefixed_environment_variables(monkeypatch) -> None:
@@ -16,19 +21,14 @@ def test_settings_come_from_chatq_prefixed_environment_variables(monkeypatch) ->
 
 def test_production_refuses_the_local_default_credentials() -> None:
     with pytest.raises(ValidationError, match="guest"):
-        Settings(env="production", database_url="postgresql://app:pw@db/chatq")
+        Settings(env="production", database_url=SERVER_CREDENTIALS["database_url"])
     with pytest.raises(ValidationError, match="local development default"):
-        Settings(env="production", amqp_url="amqp://app:pw@mq/")
+        Settings(env="production", amqp_url=SERVER_CREDENTIALS["amqp_url"])
 
 
 def test_production_refuses_short_secrets() -> None:
     with pytest.raises(ValidationError, match="at least 16"):
-        Settings(
-            env="production",
-            database_url="postgresql://app:pw@db/chatq",
-            amqp_url="amqp://app:pw@mq/",
-            admin_token="short",
-        )
+        Settings(env="production", admin_token="short", **SERVER_CREDENTIALS)
 
 
 def test_a_telegram_secret_outside_telegrams_alphabet_is_refused() -> None:
@@ -56,3 +56,199 @@ def test_secrets_do_not_show_in_the_settings_repr() -> None:
 def test_the_telegram_account_is_the_bot_id_from_the_token() -> None:
     assert Settings(telegram_bot_token="123456:ABC").telegram_account_id == "123456"
     assert Settings().telegram_account_id == "bot"
+
+
+@pytest.mark.parametrize("host", ["127.0.0.1", "127.3.2.1", "::1", "[::1]", "localhost", "LOCALHOST"])
+def test_development_defaults_apply_while_the_http_host_is_a_loopback_address(host: str) -> None:
+    s = Settings(http_host=host)
+    assert not s.production_guards
+    assert s.sandbox_active
+
+
+@pytest.mark.parametrize("host", ["0.0.0.0", "::", "10.0.0.5", "chatq.example.org", ""])
+def test_any_other_http_host_refuses_the_development_defaults_even_without_chatq_env(host: str) -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(http_host=host)
+    message = str(refused.value)
+    assert "is not a loopback address" in message
+    assert "guest account" in message and "local development default" in message
+    assert "Set CHATQ_ENV=production with real credentials" in message
+    assert "bind CHATQ_HTTP_HOST=127.0.0.1 for local development" in message
+
+
+def test_a_server_host_with_real_credentials_starts_with_the_sandbox_off_unless_enabled() -> None:
+    s = Settings(http_host="0.0.0.0", **SERVER_CREDENTIALS)
+    assert s.env == "development"
+    assert s.production_guards
+    assert not s.sandbox_active
+    assert Settings(http_host="0.0.0.0", sandbox_enabled=True, **SERVER_CREDENTIALS).sandbox_active
+
+
+def test_a_server_host_gets_the_production_checks_of_secrets_and_admin_token() -> None:
+    with pytest.raises(ValidationError, match="CHATQ_ADMIN_TOKEN must be at least 16"):
+        Settings(http_host="0.0.0.0", admin_token="short", **SERVER_CREDENTIALS)
+    with pytest.raises(ValidationError, match="CHATQ_AVITO_WEBHOOK_SECRET must be at least 16"):
+        Settings(http_host="0.0.0.0", avito_webhook_secret="short", **SERVER_CREDENTIALS)
+
+
+def test_production_on_loopback_still_refuses_the_development_defaults_and_says_so() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(env="production")
+    assert "CHATQ_ENV=production refuses" in str(refused.value)
+    assert not Settings(env="production", **SERVER_CREDENTIALS).sandbox_active
+
+
+def test_a_refusal_does_not_print_the_values_it_was_given() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(http_host="0.0.0.0", amqp_url="amqp://guest:guest@mq/", admin_token="tiny-secret")
+    assert "tiny-secret" not in str(refused.value)
+    assert "amqp://" not in str(refused.value)
+
+
+def test_the_launcher_makes_an_admin_token_for_local_development_only() -> None:
+    from services.__main__ import child_environment
+
+    env, token = child_environment(Settings(), {"PATH": "/bin"})
+    assert token is not None and len(token) >= 16
+    assert env == {"PATH": "/bin", "CHATQ_ADMIN_TOKEN": token}
+    server = Settings(http_host="0.0.0.0", **SERVER_CREDENTIALS)
+    assert child_environment(server, {"PATH": "/bin"}) == ({"PATH": "/bin"}, None)
+    given = Settings(admin_token="a-token-the-person-chose")
+    assert child_environment(given, {}) == ({}, None)
+
+
+# ---- placeholders ----------------------------------------------------------------------
+
+GOOD_SECRET = "k3Jq9vXw2LmP8rTz"
+
+
+def production(**values: str) -> Settings:
+    return Settings(env="production", **{**SERVER_CREDENTIALS, **values})
+
+
+@pytest.mark.parametrize(
+    "value",
+    ["CHANGE-ME-admin-token-32-characters", "changeme-0123456789abcdef", "please_Change_Me_9f8e7d6c5b"],
+)
+def test_a_secret_containing_change_me_in_any_spelling_or_case_is_refused(value: str) -> None:
+    assert placeholder_reason(value) is not None
+    with pytest.raises(ValidationError, match="like a placeholder"):
+        production(admin_token=value)
+
+
+def test_a_secret_containing_placeholder_is_refused() -> None:
+    assert placeholder_reason("my-PLACEHOLDER-secret-42") == "contains 'placeholder'"
+
+
+def test_a_secret_containing_example_is_refused() -> None:
+    assert placeholder_reason("token-from-the-Example-file") == "contains 'example'"
+
+
+def test_a_secret_containing_your_dash_is_refused() -> None:
+    assert placeholder_reason("your-webhook-secret-here") == "contains 'your-'"
+
+
+def test_a_secret_containing_four_xs_is_refused() -> None:
+    assert placeholder_reason("whsec_XXXXXXXXXXXXXXXXXXXX") == "contains 'xxxx'"
+
+
+def test_a_secret_made_of_one_repeated_character_is_refused() -> None:
+    assert placeholder_reason("a" * 32) == "is one character repeated"
+    assert placeholder_reason("whsec_" + "Q" * 24) == "is one character repeated"
+
+
+def test_a_secret_of_fewer_than_eight_distinct_characters_is_refused() -> None:
+    assert placeholder_reason("abcabcabcabcabcabc") == "has only 3 distinct characters (at least 8)"
+    assert placeholder_reason("1234567123456712345") == "has only 7 distinct characters (at least 8)"
+    assert placeholder_reason("12345678123456781234") is None
+
+
+def test_a_random_secret_is_not_a_placeholder() -> None:
+    import secrets
+
+    for _ in range(200):
+        assert placeholder_reason(secrets.token_urlsafe(24)) is None
+    assert placeholder_reason("whsec_" + "QUJDREVGR0hJSktMTU5PUA==") is None
+
+
+@pytest.mark.parametrize(
+    "setting",
+    [
+        "telegram_webhook_secret",
+        "avito_webhook_secret",
+        "generic_webhook_secret",
+        "generic_reply_secret",
+        "alert_webhook_secret",
+        "admin_token",
+    ],
+)
+def test_every_secret_the_production_guard_checks_refuses_a_placeholder(setting: str) -> None:
+    production(**{setting: GOOD_SECRET})
+    with pytest.raises(ValidationError) as refused:
+        production(**{setting: "CHANGE-ME-" + GOOD_SECRET})
+    assert f"CHATQ_{setting.upper()} contains 'change-me', like a placeholder" in str(refused.value)
+    assert "secrets.token_urlsafe" in str(refused.value)
+    with pytest.raises(ValidationError, match=f"CHATQ_{setting.upper()} must be at least 16"):
+        production(**{setting: "Ab3-Ab3"})
+
+
+def test_database_and_amqp_passwords_that_are_placeholders_are_refused() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(
+            env="production",
+            database_url="postgresql://chatq:CHANGE-ME-postgres-password@postgres:5432/chatqueue",
+            amqp_url="amqp://chatq:aaaaaaaa@rabbitmq:5672/",
+        )
+    message = str(refused.value)
+    assert "CHATQ_DATABASE_URL's password contains 'change-me', like a placeholder" in message
+    assert "CHATQ_AMQP_URL's password is one character repeated, like a placeholder" in message
+    assert "CHANGE-ME-postgres-password" not in message
+
+
+def test_a_percent_encoded_placeholder_password_is_refused_too() -> None:
+    with pytest.raises(ValidationError, match="CHATQ_DATABASE_URL's password contains 'your-'"):
+        production(database_url="postgresql://chatq:your%2Dpassword%2D123456@db/chatq")
+
+
+def test_a_url_without_a_password_is_not_a_placeholder() -> None:
+    s = production(database_url="postgresql://chatq@/chatqueue?host=/run/postgresql")
+    assert s.production_guards
+
+
+def test_placeholders_are_refused_on_a_server_host_without_chatq_env_too() -> None:
+    with pytest.raises(ValidationError, match="CHATQ_ADMIN_TOKEN contains 'xxxx'"):
+        Settings(http_host="0.0.0.0", admin_token="xxxx-xxxx-xxxx-xxxx", **SERVER_CREDENTIALS)
+
+
+def test_development_on_loopback_takes_any_secret() -> None:
+    assert Settings(admin_token="changeme").admin_token is not None
+
+
+# ---- admin port ------------------------------------------------------------------------
+
+
+def test_without_an_admin_port_the_cli_finds_the_admin_api_on_the_http_port() -> None:
+    assert Settings().admin_base_url == "http://127.0.0.1:8080"
+    assert Settings(http_port=9000).admin_base_url == "http://127.0.0.1:9000"
+
+
+def test_with_an_admin_port_the_cli_finds_the_admin_api_there() -> None:
+    assert Settings(admin_port=8081).admin_base_url == "http://127.0.0.1:8081"
+    assert Settings(http_host="::1", admin_port=8081).admin_base_url == "http://[::1]:8081"
+    server = Settings(http_host="0.0.0.0", admin_port=8081, **SERVER_CREDENTIALS)
+    assert server.admin_base_url == "http://127.0.0.1:8081"
+
+
+def test_an_explicit_admin_url_wins_over_the_ports() -> None:
+    s = Settings(admin_port=8081, admin_url="https://ops.internal:4443")
+    assert s.admin_base_url == "https://ops.internal:4443"
+
+
+def test_the_admin_port_must_differ_from_the_http_port() -> None:
+    with pytest.raises(ValidationError, match="CHATQ_ADMIN_PORT must differ from CHATQ_HTTP_PORT"):
+        Settings(http_port=8080, admin_port=8080)
+
+
+def test_the_admin_port_comes_from_chatq_admin_port(monkeypatch) -> None:
+    monkeypatch.setenv("CHATQ_ADMIN_PORT", "8081")
+    assert Settings().admin_port == 8081

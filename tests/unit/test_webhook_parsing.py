@@ -26,14 +26,15 @@ def test_a_telegram_text_message_becomes_an_answerable_intake() -> None:
 @pytest.mark.parametrize(
     ("update", "reason"),
     [
-        (telegram_update(1, text=None, photo=[{"file_id": "p"}]), "unsupported message type (photo)"),
-        (telegram_update(1, text="   "), "empty message"),
-        ({"update_id": 1, "edited_message": {}}, "update kind edited_message is not answered"),
-        ({"update_id": 1}, "update carries no message"),
+        # Factories: an update carries a date, made when the test runs, not at collection.
+        (lambda: telegram_update(1, text=None, photo=[{"file_id": "p"}]), "unsupported message type (photo)"),
+        (lambda: telegram_update(1, text="   "), "empty message"),
+        (lambda: {"update_id": 1, "edited_message": {}}, "update kind edited_message is not answered"),
+        (lambda: {"update_id": 1}, "update carries no message"),
     ],
 )
 def test_telegram_updates_the_bot_does_not_answer_are_ignored_with_a_reason(update, reason) -> None:
-    assert telegram.normalise(update, "{}", "bot").ignored_reason == reason
+    assert telegram.normalise(update(), "{}", "bot").ignored_reason == reason
 
 
 def test_a_message_from_a_bot_is_ignored() -> None:

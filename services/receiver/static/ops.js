@@ -1,0 +1,74 @@
+const $ = (id) => document.getElementById(id);
+let token = sessionStorage.getItem("chatq-admin-token");
+let openId = null;
+async function api(path, opts = {}) {
+  const r = await fetch(path, { ...opts, headers: { ...(opts.headers || {}), authorization: `Bearer ${token}`, "content-type": "application/json" } });
+  const body = await r.json().catch(() => ({}));
+  if (r.status === 401) { sessionStorage.removeItem("chatq-admin-token"); token = null; show(); }
+  if (!r.ok) throw new Error((body.error && body.error.message) || r.statusText);
+  return body;
+}
+const age = (s) => s < 90 ? `${Math.round(s)} s` : s < 5400 ? `${Math.round(s / 60)} min` : `${(s / 3600).toFixed(1)} h`;
+function card(label, value) { const d = document.createElement("div"); d.className = "card"; d.innerHTML = `<span></span><b></b>`; d.firstChild.textContent = label; d.lastChild.textContent = value; return d; }
+async function load() {
+  const s = await api("/v1/stats");
+  const backlog = Object.entries(s.backlog).filter(([k]) => !["failed", "needs_review"].includes(k)).reduce((n, [, v]) => n + v.count, 0);
+  const day = s.last_24h;
+  $("stats").replaceChildren(
+    card("backlog", backlog),
+    card("oldest unfinished", age(s.oldest_unfinished_age_seconds)),
+    card("reply time p50 / p95 (24 h)", day.receipt_to_reply_p50_seconds == null ? "–" : `${age(day.receipt_to_reply_p50_seconds)} / ${age(day.receipt_to_reply_p95_seconds)}`),
+    card("failed share (24 h)", `${(day.failed_share * 100).toFixed(1)} %`),
+    card("retries (24 h)", day.retries),
+    card("failed / needs review", `${s.backlog.failed.count} / ${s.backlog.needs_review.count}`),
+  );
+  const { operations } = await api("/v1/operations?status=failed,needs_review&limit=200");
+  $("rows").replaceChildren(...operations.map(row));
+}
+function row(op) {
+  const tr = document.createElement("tr");
+  tr.dataset.id = op.id;
+  const cells = [age(op.age_seconds), op.status.replace("_", " "), `${op.platform} ${op.chat.chat_id}`, op.message.text, op.status_text];
+  for (const [i, text] of cells.entries()) { const td = document.createElement("td"); td.textContent = text; if (i === 1) td.className = `status-${op.status}`; tr.appendChild(td); }
+  const actions = document.createElement("td");
+  const mk = (label, cls, fn) => { const b = document.createElement("button"); b.textContent = label; if (cls) b.className = cls; b.onclick = fn; actions.appendChild(b); };
+  mk("Retry", "primary", () => act(op.id, "retry"));
+  mk("Replied manually", "", () => resolve(op.id, "replied_manually"));
+  mk("Dismiss", "", () => resolve(op.id, "dismissed"));
+  mk("Timeline", "", () => detail(op.id));
+  tr.appendChild(actions);
+  return tr;
+}
+async function act(id, what) {
+  try { await api(`/v1/operations/${id}/${what}`, { method: "POST" }); $("flash").textContent = `${what}: ${id} is back in the queue`; }
+  catch (e) { $("flash").textContent = `${what} failed: ${e.message}`; }
+  await load(); detail(id);
+}
+async function resolve(id, resolution) {
+  const owner = prompt("Your name (recorded as the owner)", localStorage.getItem("chatq-owner") || "");
+  if (!owner) return;
+  localStorage.setItem("chatq-owner", owner);
+  const note = prompt("Note (optional)") || "";
+  try { await api(`/v1/operations/${id}/resolve`, { method: "POST", body: JSON.stringify({ resolution, owner, note }) }); $("flash").textContent = `resolved ${id}`; }
+  catch (e) { $("flash").textContent = `resolve failed: ${e.message}`; }
+  await load(); detail(id);
+}
+async function detail(id) {
+  openId = id;
+  const op = await api(`/v1/operations/${id}`);
+  const d = $("detail");
+  d.hidden = false;
+  d.replaceChildren();
+  const h = document.createElement("h3"); h.textContent = `Operation ${op.id}`; d.appendChild(h);
+  const st = document.createElement("p"); st.id = "detail-status"; st.dataset.status = op.status; st.textContent = `${op.status}: ${op.status_text}`; d.appendChild(st);
+  const ul = document.createElement("ul");
+  for (const ev of op.timeline) { const li = document.createElement("li"); li.textContent = `${new Date(ev.at).toLocaleString()} — ${ev.event}`; ul.appendChild(li); }
+  d.appendChild(ul);
+}
+function show() {
+  $("login").hidden = !!token; $("app").hidden = !token;
+  if (token) load().catch(e => $("flash").textContent = e.message);
+}
+$("login").onsubmit = (e) => { e.preventDefault(); token = $("token").value; sessionStorage.setItem("chatq-admin-token", token); show(); };
+show();
+setInterval(() => { if (token) { load().catch(() => {}); if (openId) detail(openId).catch(() => {}); } }, 2000);
