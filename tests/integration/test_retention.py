@@ -13,7 +13,15 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
 
 async def counts(pool: asyncpg.Pool) -> dict[str, int]:
-    tables = ("operations", "reply_jobs", "chat_windows", "window_messages", "reply_coverage", "deliveries", "chats")
+    tables = (
+        "operations",
+        "reply_jobs",
+        "chat_windows",
+        "window_messages",
+        "reply_coverage",
+        "deliveries",
+        "chats",
+    )
     return {t: await pool.fetchval(f"SELECT count(*) FROM {t}") for t in tables}
 
 
