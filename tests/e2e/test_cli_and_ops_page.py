@@ -42,8 +42,11 @@ async def stack(settings, world: FakeWorld) -> AsyncIterator[Receiver]:
             await p.stop()
 
 
-async def failed_operation(receiver: Receiver, world: FakeWorld, n: int) -> str:
-    world.fail("telegram.send", "400")
+async def failed_operation(
+    receiver: Receiver, world: FakeWorld, n: int, *, fault: str = "400", status: str = "failed"
+) -> str:
+    """A Telegram message whose send meets ``fault``, once it reached ``status``."""
+    world.fail("telegram.send", fault)
     async with httpx.AsyncClient(base_url=receiver.url, timeout=10) as client:
         r = await client.post(
             "/v1/webhooks/telegram",
@@ -52,10 +55,10 @@ async def failed_operation(receiver: Receiver, world: FakeWorld, n: int) -> str:
         )
         op = r.json()["operation_id"]
 
-        async def failed() -> bool:
-            return (await client.get(f"/v1/operations/{op}", headers=ADMIN)).json()["status"] == "failed"
+        async def settled() -> bool:
+            return (await client.get(f"/v1/operations/{op}", headers=ADMIN)).json()["status"] == status
 
-        await wait_for(failed, within=20, what="the operation to fail")
+        await wait_for(settled, within=20, what=f"the operation to be {status}")
     return op
 
 
@@ -106,6 +109,14 @@ async def test_the_cli_shows_lists_retries_and_resolves_with_exit_codes_scripts_
     assert (await chatq(stack, "status", "00000000-0000-0000-0000-000000000000")).returncode == 1
     assert (await chatq(stack, "stats", token=None)).returncode == 2
     assert (await chatq(stack, "resolve", other)).returncode == 2  # argparse: missing options
+    unsure = await failed_operation(stack, world, 4, fault="hang", status="needs_review")
+    refused = await chatq(stack, "retry", unsure)
+    assert refused.returncode == 1 and "resend_not_confirmed" in refused.stderr
+    confirmed = await chatq(stack, "retry", unsure, "--resend", "--by", "anna")
+    assert (
+        confirmed.returncode == 0
+        and f"re-send confirmed; re-queued 1 operation(s): {unsure}" in confirmed.stdout
+    )
     unreachable = await asyncio.to_thread(
         subprocess.run,
         [sys.executable, "-m", "shared.cli", "stats"],
@@ -152,6 +163,13 @@ async def test_the_ops_page_retries_a_failed_operation_and_shows_its_status_chan
     async with browser_page() as (page, violations):
         response = await page.goto(f"{stack.url}/ops")
         assert "frame-ancestors 'none'" in response.headers["content-security-policy"]
+        dialogs: list[str] = []
+
+        async def answer(dialog: Any) -> None:
+            dialogs.append(dialog.type)
+            await dialog.accept("anna")
+
+        page.on("dialog", answer)
         await page.fill("#token", ADMIN_TOKEN)
         await page.click("#login button")
         row = page.locator(f'tr[data-id="{op}"]')
@@ -169,7 +187,41 @@ async def test_the_ops_page_retries_a_failed_operation_and_shows_its_status_chan
         header = await page.eval_on_selector("header", "h => getComputedStyle(h).backgroundColor")
         assert header == "rgb(31, 41, 55)"
         await page.screenshot(path=str(ROOT / ".pytest_cache" / "ops-page.png"), full_page=True)
+        assert dialogs == ["prompt"]  # who decided: recorded with the retry
     assert violations == []
+
+
+async def test_the_ops_page_asks_a_person_to_confirm_before_sending_a_needs_review_reply_again(
+    stack: Receiver, world: FakeWorld
+) -> None:
+    op = await failed_operation(stack, world, 5, fault="hang", status="needs_review")
+    async with browser_page() as (page, violations):
+        answers = iter([False, True])  # first: "not yet"; then: confirmed
+        dialogs: list[str] = []
+
+        async def answer(dialog: Any) -> None:
+            dialogs.append(dialog.type)
+            if dialog.type == "confirm" and not next(answers):
+                await dialog.dismiss()
+            else:
+                await dialog.accept("anna")
+
+        page.on("dialog", answer)
+        await page.goto(f"{stack.url}/ops")
+        await page.fill("#token", ADMIN_TOKEN)
+        await page.click("#login button")
+        row = page.locator(f'tr[data-id="{op}"]')
+        await row.wait_for(timeout=10_000)
+        await row.get_by_role("button", name="Re-send…").click()
+        await expect(row).to_have_count(1)  # declined: nothing happened
+        await row.get_by_role("button", name="Re-send…").click()
+        status = page.locator("#detail-status")
+        await expect(status).to_have_attribute("data-status", "replied", timeout=30_000)
+        assert dialogs == ["confirm", "confirm", "prompt"]
+    assert violations == []
+    async with httpx.AsyncClient(base_url=stack.url) as client:
+        doc = (await client.get(f"/v1/operations/{op}", headers=ADMIN)).json()
+    assert doc["status"] == "replied"
 
 
 async def test_the_sandbox_page_sends_a_message_and_shows_the_bots_answer_under_its_policy(

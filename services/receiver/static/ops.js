@@ -32,22 +32,36 @@ function row(op) {
   for (const [i, text] of cells.entries()) { const td = document.createElement("td"); td.textContent = text; if (i === 1) td.className = `status-${op.status}`; tr.appendChild(td); }
   const actions = document.createElement("td");
   const mk = (label, cls, fn) => { const b = document.createElement("button"); b.textContent = label; if (cls) b.className = cls; b.onclick = fn; actions.appendChild(b); };
-  mk("Retry", "primary", () => act(op.id, "retry"));
+  if (op.status === "needs_review") mk("Re-send…", "primary", () => resend(op.id));
+  else mk("Retry", "primary", () => retry(op.id, false));
   mk("Replied manually", "", () => resolve(op.id, "replied_manually"));
   mk("Dismiss", "", () => resolve(op.id, "dismissed"));
   mk("Timeline", "", () => detail(op.id));
   tr.appendChild(actions);
   return tr;
 }
-async function act(id, what) {
-  try { await api(`/v1/operations/${id}/${what}`, { method: "POST" }); $("flash").textContent = `${what}: ${id} is back in the queue`; }
-  catch (e) { $("flash").textContent = `${what} failed: ${e.message}`; }
+function who() {
+  const by = prompt("Your name (recorded with the decision)", localStorage.getItem("chatq-owner") || "");
+  if (by) localStorage.setItem("chatq-owner", by);
+  return by;
+}
+async function retry(id, resend) {
+  const by = who();
+  if (!by) return;
+  try {
+    await api(`/v1/operations/${id}/retry${resend ? "?resend=true" : ""}`, { method: "POST", body: JSON.stringify({ by }) });
+    $("flash").textContent = `${resend ? "re-send confirmed" : "retry"}: ${id} is back in the queue`;
+  } catch (e) { $("flash").textContent = `retry failed: ${e.message}`; }
   await load(); detail(id);
 }
+async function resend(id) {
+  // The reply may already be in the chat: sending again is a person's decision, after a look.
+  if (!confirm("The reply to this message may already be in the chat.\n\nCheck the chat first. Send a reply again?")) return;
+  await retry(id, true);
+}
 async function resolve(id, resolution) {
-  const owner = prompt("Your name (recorded as the owner)", localStorage.getItem("chatq-owner") || "");
+  const owner = who();
   if (!owner) return;
-  localStorage.setItem("chatq-owner", owner);
   const note = prompt("Note (optional)") || "";
   try { await api(`/v1/operations/${id}/resolve`, { method: "POST", body: JSON.stringify({ resolution, owner, note }) }); $("flash").textContent = `resolved ${id}`; }
   catch (e) { $("flash").textContent = `resolve failed: ${e.message}`; }
