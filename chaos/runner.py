@@ -128,12 +128,17 @@ class Cluster:
             await proc.stop()
 
 
+#: What a person on call does once the load has drained: (admin API client, pool, world).
+Person = Callable[[httpx.AsyncClient, asyncpg.Pool, FakeWorld], Awaitable[Counter[str]]]
+
+
 @dataclass
 class Scenario:
     name: str
     faults: Callable[[Cluster, TcpProxy, FakeWorld, asyncio.Event], Awaitable[None]]
     llm: bool = False
     replicas: int = 1
+    person: Person | None = None
 
 
 # ---- faults --------------------------------------------------------------------------
@@ -206,6 +211,116 @@ async def postgres_restart(
     )
 
 
+async def broker_away_with_backlog(
+    cluster: Cluster, proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event
+) -> None:
+    """RabbitMQ unreachable for seconds at a time: every relay piles up a backlog, then all
+    of them publish it at once when the broker comes back (issue 13, defect 1)."""
+    rng = random.Random(17)
+    while not done.is_set():
+        await _sleep_or_done(done, rng.uniform(1.0, 3.0))
+        proxy.block()
+        await asyncio.sleep(rng.uniform(2.0, 5.0))
+        proxy.unblock()
+
+
+async def permanent_failures(
+    cluster: Cluster, _proxy: TcpProxy, world: FakeWorld, done: asyncio.Event
+) -> None:
+    """Some sends refused for good (400): those messages fail, later ones of their chats are
+    answered, and a person retries the failed ones afterwards (issue 13, defect 2)."""
+    world.random_faults = {
+        "telegram.send": [("400", 0.12)],
+        "avito.send": [("400", 0.12)],
+        "generic.send": [("400", 0.12)],
+    }
+    await done.wait()
+
+
+async def unknown_until_exhausted(
+    cluster: Cluster, _proxy: TcpProxy, world: FakeWorld, done: asyncio.Event
+) -> None:
+    """Sends whose outcome is unknown (answers lost after the action, or requests that hang
+    and do nothing; gateways' 502/504), and Avito listings that fail until the attempts run
+    out: such messages go to a person, who looks at the chat (issue 13, defects 3, 4, 8)."""
+    world.random_faults = {
+        "telegram.send": [("lost", 0.05), ("hang", 0.05), ("502", 0.05)],
+        "avito.send": [("lost", 0.08), ("hang", 0.08), ("504", 0.04)],
+        "avito.list": [("503", 0.6)],
+        "generic.send": [("lost", 0.08), ("504", 0.08)],
+    }
+    await done.wait()
+
+
+async def retry_tiers_cut(cluster: Cluster, proxy: TcpProxy, world: FakeWorld, done: asyncio.Event) -> None:
+    """Platform errors make every job go through the retry tiers while the broker's
+    connections are cut again and again, so retry publishes fail (issue 13, defect 5)."""
+    world.random_faults = {
+        "telegram.send": [("429:1", 0.3)],
+        "avito.send": [("500", 0.3)],
+        "generic.send": [("503", 0.3)],
+    }
+    await broker_cuts(cluster, proxy, world, done)
+
+
+async def responder_crash_loop(
+    cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event
+) -> None:
+    """The responder dies on the jobs it takes, again and again, past the queue's delivery
+    limit: those jobs reach chatq.responder.dead without a give-up, and must be recorded and
+    settled, and their chats answered again afterwards (issue 13, defect 6)."""
+    await _sleep_or_done(done, 3)
+    for _ in range(8):
+        if done.is_set():
+            break
+        await cluster.restart("responder", fault_point="responder.after_generate")
+        with contextlib.suppress(AssertionError):
+            await cluster.procs["responder"].wait_exit(within=4)
+    await cluster.restart("responder")
+
+
+# ---- what a person does afterwards ---------------------------------------------------
+
+
+async def retry_failed(admin: httpx.AsyncClient, pool: asyncpg.Pool, _world: FakeWorld) -> Counter[str]:
+    """Retry every failed operation, as the person on call would once the cause is fixed."""
+    done: Counter[str] = Counter()
+    for op in await pool.fetch(
+        # One per reply job: retrying a message retries the rest of its job with it.
+        "SELECT DISTINCT ON (coalesce(job_id, id)) id FROM operations WHERE status = 'failed'"
+    ):
+        r = await admin.post(f"/v1/operations/{op['id']}/retry", json={"by": "chaos"})
+        done["retried" if r.status_code == 202 else f"retry {r.status_code}"] += 1
+    return done
+
+
+async def check_the_chat(admin: httpx.AsyncClient, pool: asyncpg.Pool, world: FakeWorld) -> Counter[str]:
+    """For each needs_review job, look at the chat as a person would: a reply there that no
+    recorded reply accounts for is this job's (resolve as replied manually); none means it
+    never went out (retry with a confirmed re-send). Failed ones are retried."""
+    done = await retry_failed(admin, pool, world)
+    jobs = await pool.fetch(
+        """
+        SELECT j.id, j.chat_id, j.operation_ids,
+               (SELECT count(*) FROM reply_jobs s WHERE s.chat_key = j.chat_key AND s.status = 'sent') AS sent
+        FROM reply_jobs j WHERE j.status = 'needs_review'
+        """
+    )
+    for job in jobs:
+        op = job["operation_ids"][0]
+        in_chat = len(world.replies_to(job["chat_id"]))
+        if in_chat > job["sent"]:
+            r = await admin.post(
+                f"/v1/operations/{op}/resolve",
+                json={"resolution": "replied_manually", "owner": "chaos", "note": "the reply is in the chat"},
+            )
+            done["resolved" if r.status_code == 200 else f"resolve {r.status_code}"] += 1
+        else:
+            r = await admin.post(f"/v1/operations/{op}/retry?resend=true", json={"by": "chaos"})
+            done["re-sent" if r.status_code == 202 else f"resend {r.status_code}"] += 1
+    return done
+
+
 async def _sleep_or_done(done: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(done.wait(), timeout=seconds)
@@ -217,6 +332,13 @@ SHORT = [
     Scenario("kill -9 at every fault point", fault_points),
     Scenario("RabbitMQ connections cut", broker_cuts),
     Scenario("platform 5xx/429/slow/lost, model errors", platform_faults, llm=True),
+    Scenario("two replicas, RabbitMQ away, backlogs published at once", broker_away_with_backlog, replicas=2),
+    Scenario("sends refused, a person retries after later replies", permanent_failures, person=retry_failed),
+    Scenario(
+        "outcomes unknown until attempts run out, a person checks",
+        unknown_until_exhausted,
+        person=check_the_chat,
+    ),
 ]
 # Horizontal scale: two receivers (deliveries and their duplicates land on either), two
 # coalescers, two responders, on one database and one vhost.
@@ -226,6 +348,8 @@ REPLICAS = [
 ]
 FULL = [
     *SHORT,
+    Scenario("retry tiers unreachable while the platform fails", retry_tiers_cut),
+    Scenario("responder crashes past the delivery limit", responder_crash_loop, person=retry_failed),
     Scenario("RabbitMQ stopped and started", broker_restart),
     Scenario("Postgres restarted", postgres_restart),
     *REPLICAS,
@@ -336,7 +460,9 @@ class Verdict:
     duplicated: int
     out_of_order: int
     restarts: int
+    person: dict[str, int]
     reasons: dict[str, int]
+    lost_reasons: dict[str, int]
     seconds: float
 
     @property
@@ -344,15 +470,43 @@ class Verdict:
         return self.lost == 0 and self.duplicated == 0 and self.out_of_order == 0
 
 
+def delivered_replies(world: FakeWorld) -> set[tuple[str, str]]:
+    """(chat, platform message id) of every reply the fake platforms took."""
+    out = {(str(m["chat_id"]), str(m["message_id"])) for m in world.telegram}
+    out |= {(str(m["chat_id"]), str(m["id"])) for m in world.avito}
+    out |= {(str(m["chat_id"]), str(m["message_id"])) for m in world.generic}
+    return out
+
+
 async def verdict(
-    name: str, pool: asyncpg.Pool, world: FakeWorld, bursts: list[list[Event]], restarts: int, seconds: float
+    name: str,
+    pool: asyncpg.Pool,
+    world: FakeWorld,
+    bursts: list[list[Event]],
+    restarts: int,
+    seconds: float,
+    person: Counter[str] | None = None,
 ) -> Verdict:
+    """The honest accounting (design invariant I7). Every event the driver sent is a buyer
+    message. One the platform acknowledged counts as **lost** unless a reply covering it
+    (its sent job, found in the platform's own record) reached the platform, a person
+    resolved it as replied manually, or it is failed or needs_review with an owner and a
+    reason. An ``ignored`` buyer message is lost."""
     events = [e for b in bursts for e in b]
-    rows = await pool.fetch("SELECT platform, chat_id, message_id, status, status_reason FROM operations")
+    rows = await pool.fetch(
+        """
+        SELECT o.platform, o.chat_id, o.message_id, o.status, o.status_reason, o.owner, o.resolution,
+               j.status AS job_status, j.platform_message_id
+        FROM operations o
+        LEFT JOIN reply_coverage c ON c.operation_id = o.id
+        LEFT JOIN reply_jobs j ON j.id = c.job_id
+        """
+    )
     ops = {(r["platform"], r["chat_id"], r["message_id"]): r for r in rows}
-    status = Counter()
+    delivered = delivered_replies(world)
+    status: Counter[str] = Counter()
     reasons: Counter[str] = Counter()
-    lost = 0
+    lost_reasons: Counter[str] = Counter()
     stored = 0
     for e in events:
         op = ops.get((e.platform, e.chat, e.message_id))
@@ -361,8 +515,11 @@ async def verdict(
             status[op["status"]] += 1
             if op["status"] in ("failed", "needs_review"):
                 reasons[(op["status_reason"] or "")[:70]] += 1
-        if e.acked and (op is None or op["status"] not in FINAL):
-            lost += 1
+        if not e.acked:
+            continue
+        why = _lost(op, e.chat, delivered)
+        if why:
+            lost_reasons[why] += 1
     # Duplicates: a message in two sent jobs, or more platform messages in a chat than
     # jobs that may have sent one (sent, or needs_review whose send may have happened).
     doubled = await pool.fetchval(
@@ -376,13 +533,14 @@ async def verdict(
     extra = 0
     for chat in {e.chat for e in events}:
         extra += max(0, len(world.replies_to(chat)) - may_have_sent[chat])
-    # Order: within a chat, each sent reply covers only messages after the previous one's.
+    # Order: within a chat, each sent reply covers only messages after the previous one's
+    # (a message a person retried is answered when the person decided, and is left out).
     jobs: dict[str, list[tuple[object, tuple, tuple]]] = defaultdict(list)
     for r in await pool.fetch(
         """
         SELECT j.chat_key, j.sent_at, array_agg(ROW(o.sent_at, length(o.message_id), o.message_id)) AS keys
         FROM reply_jobs j JOIN operations o ON o.id = ANY(j.operation_ids)
-        WHERE j.status = 'sent' GROUP BY j.id, j.chat_key, j.sent_at
+        WHERE j.status = 'sent' AND o.retries = 0 GROUP BY j.id, j.chat_key, j.sent_at
         """
     ):
         keys = [tuple(k) for k in r["keys"]]
@@ -406,13 +564,32 @@ async def verdict(
         failed=status["failed"],
         needs_review=status["needs_review"],
         ignored=status["ignored"],
-        lost=lost,
+        lost=sum(lost_reasons.values()),
         duplicated=int(doubled) + extra,
         out_of_order=int(out_of_order),
         restarts=restarts,
+        person=dict(person or {}),
         reasons=dict(reasons.most_common(5)),
+        lost_reasons=dict(lost_reasons.most_common(5)),
         seconds=round(seconds, 1),
     )
+
+
+def _lost(op: asyncpg.Record | None, chat: str, delivered: set[tuple[str, str]]) -> str | None:
+    """Why an acknowledged buyer message counts as lost, or None when it does not."""
+    if op is None:
+        return "acknowledged but not stored"
+    if op["status"] == "replied":
+        if op["resolution"] == "replied_manually":
+            return None
+        if op["job_status"] == "sent" and (chat, str(op["platform_message_id"])) in delivered:
+            return None
+        return "replied, but no covering reply reached the platform"
+    if op["status"] in ("failed", "needs_review"):
+        return None if op["owner"] and op["status_reason"] else f"{op['status']} without an owner or a reason"
+    if op["status"] == "ignored":
+        return f"ignored: {(op['status_reason'] or '')[:60]}"
+    return f"still {op['status']}"
 
 
 async def drain(pool: asyncpg.Pool, *, quiet_for: float = 15.0, within: float = 120.0) -> None:
@@ -495,6 +672,15 @@ async def run_scenario(
                 world.random_faults = {}
                 await cluster.ensure_running()
                 await drain(pool)
+                person: Counter[str] = Counter()
+                if scenario.person is not None:
+                    async with httpx.AsyncClient(
+                        base_url=cluster.receiver_urls[0],
+                        headers={"Authorization": "Bearer chaos-admin"},
+                        timeout=10,
+                    ) as admin:
+                        person = await scenario.person(admin, pool, world)
+                    await drain(pool)
                 return await verdict(
                     scenario.name,
                     pool,
@@ -502,6 +688,7 @@ async def run_scenario(
                     bursts,
                     sum(cluster.restarts.values()),
                     time.monotonic() - started,
+                    person,
                 )
             finally:
                 await pool.close()
@@ -527,6 +714,7 @@ def table(verdicts: list[Verdict]) -> str:
         "duplicated",
         "out of order",
         "restarts",
+        "person",
         "s",
         "verdict",
     )
@@ -545,6 +733,7 @@ def table(verdicts: list[Verdict]) -> str:
             v.duplicated,
             v.out_of_order,
             v.restarts,
+            ", ".join(f"{n} {k}" for k, n in sorted(v.person.items())) or "-",
             v.seconds,
             "pass" if v.ok else "FAIL",
         )
@@ -557,4 +746,8 @@ def table(verdicts: list[Verdict]) -> str:
     for v in verdicts:
         if v.reasons:
             lines.append(f"  {v.scenario}: " + "; ".join(f"{n}× {r}" for r, n in v.reasons.items()))
+        if v.lost_reasons:
+            lines.append(
+                f"  {v.scenario}, LOST: " + "; ".join(f"{n}× {r}" for r, n in v.lost_reasons.items())
+            )
     return "\n".join(lines)

@@ -77,8 +77,8 @@ async def scenarios(receiver: Receiver, world: FakeWorld) -> list[Outcome]:
             f"   first delivery: stored as {dup[0]['operation_id'][:8]}; second: duplicate={dup[1]['duplicate']}"
         )
 
-        say("3. Telegram answers 503 once to the reply; the responder retries")
-        world.fail("telegram.send:7002", "503")
+        say("3. Telegram answers 429 (too many requests) once to the reply; the responder waits and retries")
+        world.fail("telegram.send:7002", "429:1")
         r = await client.post(
             "/v1/webhooks/telegram",
             json=telegram_update(7002, chat_id=7002, text="Can I pick it up?"),
@@ -130,12 +130,12 @@ async def scenarios(receiver: Receiver, world: FakeWorld) -> list[Outcome]:
         n = len(world.replies_to("7002"))
         out.append(
             Outcome(
-                "platform 503 retried, recovered",
+                "platform 429 retried, recovered",
                 1,
                 1,
                 n,
                 d["status"],
-                "503 on the first send, retried through the 1 s tier",
+                "429 on the first send, retried after its retry-after",
                 n == 1 and d["status"] == "replied",
             )
         )

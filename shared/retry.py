@@ -27,13 +27,17 @@ def next_retry(
     """None when ``failed_attempt`` was the last one allowed. Otherwise the tier for the
     next attempt: tier n for the n-th retry (the last tier repeats), or the shortest
     tier that waits at least ``retry_after`` when the platform said how long to wait.
-    ``counts=False``: this try was not an attempt (the work was busy elsewhere), so it
-    never exhausts anything: the same attempt again, after the shortest tier."""
+    ``counts=False``: this try was not an attempt (the work was busy elsewhere, or it was
+    too early to tell), so it never exhausts anything: the same attempt again, after the
+    shortest tier (that waits at least ``retry_after``)."""
     if failed_attempt < 1:
         raise ValueError("attempts count from 1")
     ordered = sorted(tiers)
     if not counts:
-        return RetryPlan(next_attempt=failed_attempt, delay=ordered[0])
+        wait = retry_after or 0.0
+        return RetryPlan(
+            next_attempt=failed_attempt, delay=next((t for t in ordered if t >= wait), ordered[-1])
+        )
     if failed_attempt >= max_attempts:
         return None
     delay = list(tiers)[min(failed_attempt - 1, len(tiers) - 1)]

@@ -92,24 +92,14 @@ WITH w AS (
     + _FILED
 )
 
-#: How long a window waits for an earlier message of its chat still in transit (received,
-#: not yet filed: in the outbox or on the broker, e.g. redelivered after a consumer died).
-#: Past it, the window goes and the late message is answered by the chat's next reply.
-IN_TRANSIT_WAIT_SECONDS = 60
-
 # A window may close when it is due, no job of its chat is in flight, and no message of
-# its chat received before the window's last one is still in transit: filed later, that
-# message would reach the chat's next reply after a reply to a later message.
-_EMITTABLE = f"""
+# its chat received before the window's last one is still in transit (the SQL function
+# says why; the responder's fold-in waits for the same).
+_EMITTABLE = """
   AND NOT EXISTS (
       SELECT 1 FROM reply_jobs j
       WHERE j.chat_key = w.chat_key AND j.status IN ('pending', 'processing'))
-  AND NOT EXISTS (
-      SELECT 1 FROM operations t
-      WHERE t.platform = w.platform AND t.account_id = w.account_id AND t.chat_id = w.chat_id
-        AND t.status IN ('accepted', 'queued')
-        AND t.received_at < w.last_at
-        AND t.received_at > clock_timestamp() - interval '{IN_TRANSIT_WAIT_SECONDS} seconds')
+  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
 """
 
 _CLAIM_DUE = (

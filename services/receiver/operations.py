@@ -157,16 +157,22 @@ async def retry_operation(
             "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
             chat_key(row["platform"], row["account_id"], row["chat_id"]),
         )
-        siblings = list(row["operation_ids"] or [op_id])
-        if row["status"] == "needs_review":
-            # Only this job's needs_review messages go back: the person confirmed for them.
-            siblings = [
-                r["id"]
-                for r in await conn.fetch(
-                    "SELECT id FROM operations WHERE id = ANY($1::uuid[]) AND status = 'needs_review'",
-                    siblings,
-                )
-            ]
+        # The rest of its reply job goes back with it: the job's messages in the same state
+        # and still the job's own (a message listed on the job but settled by another, say
+        # needs_review elsewhere, is not this person's decision).
+        siblings = [
+            r["id"]
+            for r in await conn.fetch(
+                """
+                SELECT id FROM operations
+                WHERE id = ANY($1::uuid[]) AND status = $2 AND (id = $3 OR job_id = $4)
+                """,
+                list(row["operation_ids"] or [op_id]),
+                row["status"],
+                op_id,
+                row["job_id"],
+            )
+        ]
         retried = await operation_state.retry(conn, siblings)
         ids = [r["id"] for r in retried]
         await conn.execute("DELETE FROM window_messages WHERE operation_id = ANY($1::uuid[])", ids)

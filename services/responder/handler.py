@@ -27,7 +27,7 @@ from shared.state.job import DeliveryStatus
 from .failures import Failure, Kind
 from .idempotency import Job, JobBusy, JobSession, JobStore, Reconcile, Skip
 from .llm import ReplyWriter, cut
-from .platforms.base import Platform, SentQuery
+from .platforms.base import Attempts, Platform, SentQuery, TooEarly
 
 logger = logging.getLogger(__name__)
 
@@ -164,11 +164,19 @@ class Responder:
                         account_id=job.account_id,
                         chat_id=job.chat_id,
                         key=str(job.job_id),
-                        text=state.text,
-                        started_at=state.started_at,
+                        attempts=Attempts(state.text, state.since, state.started_at),
                         exclude=frozenset(await db.recorded_message_ids(job)),
+                        rivals=tuple(await db.unknown_rivals(job)),
                     )
                 )
+            except TooEarly as early:
+                await db.record_retry(job.job_id, "unknown", f"reconciling: {early}")
+                raise RetryLater(
+                    f"reconciling with {platform.name}: {early}",
+                    kind="reconcile_wait",
+                    retry_after=early.seconds,
+                    counts=False,
+                ) from None
             except Failure as failure:
                 await db.record_retry(job.job_id, "unknown", f"reconciling: {failure.reason}")
                 raise RetryLater(

@@ -27,6 +27,7 @@ from shared.messages import chat_key as make_chat_key
 from shared.state.job import DeliveryStatus, lock_key
 
 from .llm import Turn
+from .platforms.base import Attempts
 
 
 @dataclass(frozen=True)
@@ -64,10 +65,14 @@ class Skip:
 
 @dataclass(frozen=True)
 class Reconcile:
+    """A job some attempt of which may have sent: ``text`` is what it sent, from the first
+    such attempt (``since``) to the latest (``started_at``)."""
+
     job: Job
     text: str
     started_at: datetime
     delivery_status: str
+    since: datetime
 
 
 @dataclass(frozen=True)
@@ -169,7 +174,13 @@ class JobSession:
         )
         job = Job(job_id, row["platform"], row["account_id"], row["chat_id"], messages, history)
         if row["outcome"] == "reconcile":
-            return Reconcile(job, row["delivery_text"], row["delivery_started_at"], row["delivery_status"])
+            return Reconcile(
+                job,
+                row["delivery_text"],
+                row["delivery_started_at"],
+                row["delivery_status"],
+                row["delivery_maybe_since"],
+            )
         return job
 
     async def before_send(self, job: Job, text: str, attempt: int, *, fold: bool = True) -> Job:
@@ -222,6 +233,20 @@ class JobSession:
             limit,
         )
         return [r["platform_message_id"] for r in rows]
+
+    async def unknown_rivals(self, job: Job) -> list[Attempts]:
+        """The chat's other jobs a person must look at because their reply may be in the
+        chat unrecorded: a reply that could be theirs is not taken for this job's."""
+        rows = await self._conn.fetch(
+            """
+            SELECT d.text, coalesce(d.maybe_since, d.started_at) AS since, d.started_at AS latest
+            FROM reply_jobs r JOIN deliveries d ON d.job_id = r.id
+            WHERE r.chat_key = $1 AND r.status = 'needs_review' AND r.id <> $2
+            """,
+            job.chat_key,
+            job.job_id,
+        )
+        return [Attempts(r["text"], r["since"], r["latest"]) for r in rows]
 
     async def record_delivery(self, job_id: uuid.UUID, status: DeliveryStatus, error: str) -> None:
         """The attempt's outcome when no reply was recorded: not sent, or unknown."""

@@ -38,7 +38,7 @@ $$;
 CREATE OR REPLACE FUNCTION chatq_claim(p_job uuid, p_attempt integer, p_lock_key bigint, p_history integer)
 RETURNS TABLE (outcome text, reason text, platform text, account_id text, chat_id text, chat_key text,
                delivery_status text, delivery_text text, delivery_started_at timestamptz,
-               history_roles text[], history_texts text[],
+               delivery_maybe_since timestamptz, history_roles text[], history_texts text[],
                operation_ids uuid[], message_ids text[], texts text[], sent_ats timestamptz[],
                received_ats timestamptz[])
 LANGUAGE plpgsql AS $$
@@ -64,7 +64,8 @@ BEGIN
         RETURN;
     END IF;
     SELECT r.status, r.platform, r.account_id, r.chat_id, r.operation_ids AS ops, r.chat_key AS ck,
-           d.status AS d_status, d.text AS d_text, d.started_at AS d_started
+           d.status AS d_status, d.text AS d_text, d.started_at AS d_started,
+           coalesce(d.maybe_sent, false) AS d_maybe, d.maybe_since AS d_since
     INTO j
     FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
     WHERE r.id = p_job
@@ -84,7 +85,9 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    reconciling := j.d_status IN ('sending', 'unknown');
+    -- An attempt of this job may have reached the platform (its delivery says so now, or
+    -- did once): whatever the latest attempt did, the reply may be there.
+    reconciling := j.d_status IN ('sending', 'unknown') OR j.d_maybe;
     UPDATE reply_jobs r SET status = 'processing', attempts = p_attempt, updated_at = now() WHERE r.id = p_job;
 
     -- The job's messages. After an interrupted send every one stays (the reply that may be
@@ -115,9 +118,10 @@ BEGIN
 
     IF reconciling THEN
         outcome := 'reconcile';
-        delivery_status := j.d_status;
+        delivery_status := CASE WHEN j.d_status IN ('sending', 'unknown') THEN j.d_status ELSE 'unknown' END;
         delivery_text := j.d_text;
         delivery_started_at := j.d_started;
+        delivery_maybe_since := coalesce(j.d_since, j.d_started);
     ELSE
         -- Take the messages; one another job took meanwhile is not ours to answer (the
         -- primary key decides).
@@ -191,8 +195,9 @@ END
 $$;
 
 -- Just before the platform call: move the messages gathered in the chat's open window
--- since the job was built into the job (when p_fold), so one reply covers them; if there
--- were none, record the delivery intent ('sending', committed before the platform is
+-- since the job was built into the job (when p_fold), so one reply covers them — unless an
+-- earlier message of the chat is still in transit (the window waits for it, as the
+-- coalescer's emission does); if there were none, record the delivery intent ('sending', committed before the platform is
 -- called: from then on the send may have happened). Same per-chat lock as the coalescer.
 -- Returns the messages folded in; none means the intent is recorded.
 CREATE OR REPLACE FUNCTION chatq_before_send(p_job uuid, p_chat_key text, p_text text, p_attempt integer, p_fold boolean)
@@ -206,7 +211,9 @@ DECLARE
 BEGIN
     IF p_fold THEN
         PERFORM pg_advisory_xact_lock(hashtextextended(p_chat_key, 0));
-        SELECT cw.id INTO w FROM chat_windows cw WHERE cw.chat_key = p_chat_key AND cw.status = 'open' FOR UPDATE;
+        SELECT cw.id INTO w FROM chat_windows cw WHERE cw.chat_key = p_chat_key AND cw.status = 'open'
+            AND NOT chatq_earlier_in_transit(cw.platform, cw.account_id, cw.chat_id, cw.last_at)
+        FOR UPDATE;
         IF FOUND THEN
             WITH del AS (DELETE FROM window_messages wm WHERE wm.window_id = w RETURNING wm.operation_id)
             SELECT coalesce(array_agg(del.operation_id), '{}') INTO ids FROM del;
@@ -226,11 +233,18 @@ BEGIN
         RETURN QUERY SELECT m.* FROM chatq_job_messages(ids) m ORDER BY m.pos;
         RETURN;
     END IF;
+    -- A new intent replaces the latest attempt's row, but never forgets that an earlier
+    -- attempt may have sent (its status was sending or unknown), nor since when.
     INSERT INTO deliveries (job_id, status, text, attempt, started_at)
     VALUES (p_job, 'sending', p_text, p_attempt, now())
     ON CONFLICT (job_id) DO UPDATE
     SET status = 'sending', text = EXCLUDED.text, attempt = EXCLUDED.attempt,
-        started_at = now(), finished_at = NULL, error = NULL, platform_message_id = NULL;
+        started_at = now(), finished_at = NULL, error = NULL, platform_message_id = NULL,
+        maybe_sent = deliveries.maybe_sent OR deliveries.status IN ('sending', 'unknown'),
+        maybe_since = CASE
+            WHEN deliveries.maybe_sent THEN deliveries.maybe_since
+            WHEN deliveries.status IN ('sending', 'unknown') THEN deliveries.started_at
+        END;
 END
 $$;
 
@@ -278,8 +292,8 @@ END
 $$;
 
 -- Give up on a job that did not send: under the job's lock, and only while it is in
--- flight. When the last send may have reached the platform (delivery 'sending' or
--- 'unknown') the job and its messages go to a person (needs_review) and keep their claim
+-- flight. When any send of it may have reached the platform (delivery 'sending' or
+-- 'unknown' now, or maybe_sent from an earlier attempt) the job and its messages go to a person (needs_review) and keep their claim
 -- on the messages, so a retry cannot answer them twice; otherwise they fail, and give the
 -- messages back for a person's retry. The reason and the owner are kept either way.
 --   busy          another session holds the job: its holder decides, nothing changes
@@ -301,7 +315,8 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    SELECT r.status, r.chat_key AS ck, r.operation_ids AS ops, d.status AS d_status
+    SELECT r.status, r.chat_key AS ck, r.operation_ids AS ops, d.status AS d_status,
+           coalesce(d.maybe_sent, false) AS d_maybe
     INTO j
     FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
     WHERE r.id = p_job
@@ -313,7 +328,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF j.d_status IN ('sending', 'unknown') THEN
+    IF j.d_status IN ('sending', 'unknown') OR j.d_maybe THEN
         target := 'needs_review';
         why := p_reason || '; the last send may have reached the chat: check it, then resolve, or retry with a confirmed re-send';
     ELSE

@@ -56,3 +56,16 @@ ALTER TABLE reply_jobs ADD CONSTRAINT reply_jobs_failed_has_owner CHECK (status 
 ALTER TABLE operations ADD COLUMN owner text;
 ALTER TABLE operations ADD CONSTRAINT operations_actionable_has_owner
     CHECK (status NOT IN ('failed', 'needs_review') OR (owner IS NOT NULL AND status_reason IS NOT NULL)) NOT VALID;
+
+-- A delivery row holds the latest attempt; whether ANY attempt of the job may have reached
+-- the platform must outlive the next attempt's intent, so an unknown outcome is never
+-- forgotten by a later attempt that clearly did not send.
+ALTER TABLE deliveries
+    ADD COLUMN maybe_sent boolean NOT NULL DEFAULT false,
+    -- When the first attempt that may have sent began: reconciling looks back to it.
+    ADD COLUMN maybe_since timestamptz,
+    ADD CONSTRAINT deliveries_maybe_since CHECK (NOT maybe_sent OR maybe_since IS NOT NULL);
+
+-- A chat's replies that may be on the platform unrecorded (jobs a person must look at):
+-- reconciling another job of the chat must not take one of them for its own.
+CREATE INDEX reply_jobs_chat_review ON reply_jobs (chat_key) WHERE status = 'needs_review';

@@ -16,7 +16,7 @@ async def test_the_demo_shows_every_scenario_ending_as_expected(infra) -> None:
     for scenario in (
         "burst of 3 answered once",
         "duplicate delivery ignored",
-        "platform 503 retried, recovered",
+        "platform 429 retried, recovered",
         "permanent failure shown",
     ):
         line = next(line for line in result.stdout.splitlines() if line.startswith(scenario))

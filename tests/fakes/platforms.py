@@ -7,7 +7,8 @@ Failure behaviours, queued per target with ``FakeWorld.fail(target, *behaviours)
 used one per call: ``"500"``/``"503"``/``"400"``/``"403"`` (that status), ``"429:N"``
 (rate limited, retry after N s), ``"lost"`` (do the action, then hold the answer past
 the client's timeout: the outcome is unknown to the caller), ``"hang"`` (hold past the
-timeout and do nothing: as unknown to the caller, but nothing happened), ``"slow:N"``
+timeout and do nothing: as unknown to the caller, but nothing happened), ``"late:N"``
+(Avito send: hold past the timeout, and do the action N s after the request), ``"slow:N"``
 (answer after N s), ``"quota"`` (LLM: 429 insufficient_quota).
 Targets: telegram.send, avito.send, avito.list, avito.token, generic.send, llm;
 ``telegram.send:<chat_id>`` fails only that chat's sends.
@@ -88,7 +89,7 @@ async def _before(
 ) -> tuple[str | None, JSONResponse | None]:
     """Apply a queued behaviour. Returns (behaviour, response to send instead)."""
     b = world.take(target, chat)
-    if b is None or b == "lost":
+    if b is None or b == "lost" or b.startswith("late:"):
         return b, None
     if b == "hang":
         # Hold the request past the client's timeout and do nothing: the caller cannot
@@ -163,14 +164,24 @@ def fake_app(world: FakeWorld) -> FastAPI:
         body = await request.json()
         if body.get("type") != "text" or not isinstance(body.get("message", {}).get("text"), str):
             return JSONResponse({"error": {"code": 400, "message": "bad request"}}, status_code=400)
-        message = {
-            "id": f"av-{next(world.ids)}",
-            "user_id": user_id,
-            "chat_id": chat_id,
-            "text": body["message"]["text"],
-            "created": int(time.time()),
-        }
-        world.avito.append(message)
+
+        def create() -> dict[str, Any]:
+            message = {
+                "id": f"av-{next(world.ids)}",
+                "user_id": user_id,
+                "chat_id": chat_id,
+                "text": body["message"]["text"],
+                "created": int(time.time()),
+            }
+            world.avito.append(message)
+            return message
+
+        if b is not None and b.startswith("late:"):
+            # The send lands N s after the request, while the caller has long timed out.
+            asyncio.get_running_loop().call_later(float(b.split(":", 1)[1]), create)
+            await asyncio.sleep(LOST_SECONDS)
+            return JSONResponse({"error": {"code": 504, "message": "fake late"}}, status_code=504)
+        message = create()
         if b == "lost":
             await asyncio.sleep(LOST_SECONDS)
         return JSONResponse(

@@ -117,7 +117,7 @@ async def test_lists_filter_by_status_and_age_newest_first(api, world: FakeWorld
 
 
 async def test_stats_give_backlog_failed_share_retries_and_reply_time(api, world: FakeWorld) -> None:
-    world.fail("telegram.send", "503", "400")
+    world.fail("telegram.send", "429:1", "400")
     first = await post(api, 7, 77)
     await settled(api, first, "failed")  # one retry, then a 400
     ok = await post(api, 8, 78)

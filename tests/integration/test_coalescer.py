@@ -237,3 +237,39 @@ async def test_a_malformed_message_on_the_inbound_queue_is_dead_lettered_and_rec
         )
     assert [(d["message_id"], d["body"]) for d in dead] == [("bad-1", b'{"schema": "nope"}')]
     assert dead[0]["reason"].startswith("rejected in chatq.coalescer")
+
+
+async def test_a_due_window_waits_while_an_earlier_message_of_its_chat_is_in_transit(quick, pool) -> None:
+    coalescer = Coalescer(pool, policy_from(quick))
+    early = uuid.uuid4()
+    late = uuid.uuid4()
+    for op, mid, status, age in ((early, "1", "queued", 3), (late, "2", "waiting", 1)):
+        await pool.execute(
+            """
+            INSERT INTO operations (id, platform, account_id, chat_id, message_id, text, sent_at, status,
+                                    received_at, payload)
+            VALUES ($1, 'telegram', 'bot', '9', $2, 'hi', now(), $3, now() - make_interval(secs => $4), '{}')
+            """,
+            op,
+            mid,
+            status,
+            age,
+        )
+    window = uuid.uuid4()
+    await pool.execute(
+        """
+        INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                                  deadline_at, due_at, delay_seconds, message_count)
+        VALUES ($1, 'telegram:bot:9', 'telegram', 'bot', '9', 'open', now(), now(), now(), now(), 0, 1)
+        """,
+        window,
+    )
+    await pool.execute("INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)", late, window)
+
+    assert await coalescer.emit_due() == 0, "message 1 is still on its way to this window"
+    assert await coalescer.seconds_to_next_due() is None  # and the scheduler does not spin on it
+    await pool.execute("UPDATE operations SET status = 'waiting' WHERE id = $1", early)
+    await pool.execute("INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)", early, window)
+    assert await coalescer.emit_due() == 1
+    job = await pool.fetchval("SELECT operation_ids FROM reply_jobs")
+    assert job == [early, late]

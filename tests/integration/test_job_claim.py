@@ -314,3 +314,36 @@ async def test_a_claim_brings_the_chats_earlier_turns_oldest_first(pool):
 
     assert isinstance(state, Job)
     assert [(t.role, t.text) for t in state.history] == [("buyer", "message 1"), ("bot", "an earlier reply")]
+
+
+async def test_before_send_leaves_the_window_alone_while_an_earlier_message_of_the_chat_is_in_transit(pool):
+    # Message 2 was received before message 3 but is still on its way (redelivered after a
+    # consumer died): folding 3 into this reply would answer it before 2's reply.
+    first = await operation(pool, "1", at=T0)
+    job_id = await job(pool, [first])
+    in_transit = await operation(pool, "2", at=T0 + timedelta(seconds=1), status="queued")
+    later = await operation(pool, "3", at=T0 + timedelta(seconds=2))
+    await pool.execute(
+        "UPDATE operations SET received_at = now() - interval '2 seconds' WHERE id = $1", in_transit
+    )
+    window = uuid.uuid4()
+    await pool.execute(
+        """
+        INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                                  deadline_at, due_at, delay_seconds, message_count)
+        VALUES ($1, $2, 'telegram', 'bot', '77', 'open', now(), now(), now(), now(), 0, 1)
+        """,
+        window,
+        CHAT,
+    )
+    await pool.execute("INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)", later, window)
+    async with JobStore(pool).exclusive(job_id) as db:
+        claimed = await db.claim(job_id, 1)
+        assert isinstance(claimed, Job)
+        assert await db.before_send(claimed, "a reply to one", 1) is claimed
+
+    assert await pool.fetchval("SELECT status FROM deliveries WHERE job_id = $1", job_id) == "sending"
+    assert (
+        await pool.fetchval("SELECT window_id FROM window_messages WHERE operation_id = $1", later) == window
+    )
+    assert await pool.fetchval("SELECT operation_ids FROM reply_jobs WHERE id = $1", job_id) == [first]

@@ -74,12 +74,27 @@ async def test_a_generic_reply_is_signed_and_carries_an_idempotency_key(
 async def test_two_5xx_then_success_give_exactly_one_reply_after_two_retries(
     pipeline: Pipeline, world: FakeWorld, pool
 ) -> None:
-    world.fail("telegram.send", "503", "500")
+    world.fail("avito.send", "503", "500")
+    r = await pipeline.client.post(
+        f"/v1/webhooks/avito/{AVITO_SECRET}",
+        json=avito_webhook("m-43", chat_id="c-43", text="Still available?"),
+    )
+    doc = await pipeline.settled(r.json()["operation_id"])
+    assert doc["status"] == "replied"
+    assert len(world.replies_to("c-43")) == 1
+    assert await pool.fetchval("SELECT attempts FROM reply_jobs") == 3
+
+
+async def test_a_telegram_5xx_on_a_send_goes_to_a_person_instead_of_a_blind_resend(
+    pipeline: Pipeline, world: FakeWorld
+) -> None:
+    # Telegram has no idempotency key and no way to list a bot's messages: only failures
+    # before the request reached it, and 429s, are retried (../shared/platforms.md).
+    world.fail("telegram.send", "503")
     op = await pipeline.telegram(2, 43, "Still available?")
     doc = await pipeline.settled(op)
-    assert doc["status"] == "replied"
-    assert len(world.replies_to("43")) == 1
-    assert await pool.fetchval("SELECT attempts FROM reply_jobs") == 3
+    assert doc["status"] == "needs_review"
+    assert world.replies_to("43") == []
 
 
 async def dead_letters(pool: asyncpg.Pool, queue: str) -> list[asyncpg.Record]:
@@ -89,14 +104,16 @@ async def dead_letters(pool: asyncpg.Pool, queue: str) -> list[asyncpg.Record]:
 async def test_a_platform_that_always_fails_ends_failed_and_its_dead_letter_is_recorded_with_the_reason(
     pipeline: Pipeline, world: FakeWorld, pool: asyncpg.Pool
 ) -> None:
-    world.fail("telegram.send", *["503"] * 10)
-    op = await pipeline.telegram(3, 44, "Hello?")
-    doc = await pipeline.settled(op, within=30)
+    world.fail("avito.send", *["503"] * 10)
+    r = await pipeline.client.post(
+        f"/v1/webhooks/avito/{AVITO_SECRET}", json=avito_webhook("m-44", chat_id="c-44")
+    )
+    doc = await pipeline.settled(r.json()["operation_id"], within=30)
     assert doc["status"] == "failed"
     assert "gave up after 4 attempts" in doc["error"]["message"]
     assert "HTTP 503" in doc["error"]["message"]
     assert doc["error"]["attempts"] == 4
-    assert world.replies_to("44") == []
+    assert world.replies_to("c-44") == []
     dead = await wait_for(lambda: dead_letters(pool, RESPONDER_DEAD_QUEUE), what="the job's dead letter")
     assert [d["message_id"] for d in dead] == [doc["job"]["id"]]
     assert "rejected in chatq.responder" in dead[0]["reason"]

@@ -3,14 +3,15 @@ how an Avito listing is read when a send's outcome is unknown."""
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
 
 from services.responder.failures import Kind, classify_status, classify_transport
 from services.responder.platforms.avito import AvitoPlatform, AvitoToken
-from services.responder.platforms.base import Sent, SentQuery
+from services.responder.platforms.base import Attempts, Sent, SentQuery, TooEarly
+from services.responder.platforms.telegram import TelegramPlatform
 from services.responder.ratelimit import AccountRateLimiter
 
 pytestmark = pytest.mark.unit
@@ -46,8 +47,10 @@ def test_no_answer_before_the_request_left_is_transient_after_it_unknown() -> No
     assert classify_transport(httpx.ReadTimeout("late", request=request)).kind is Kind.UNKNOWN
 
 
-STARTED = datetime(2026, 11, 30, 12, 0, tzinfo=UTC)
+# An attempt an hour ago: its time window (start to start + timeout + skew) has passed.
+STARTED = datetime.now(UTC).replace(microsecond=0) - timedelta(hours=1)
 T = int(STARTED.timestamp())
+TEXT = "Yes, it is available."
 
 
 def listing(items: object, status: int = 200) -> AvitoPlatform:
@@ -69,16 +72,16 @@ def listing(items: object, status: int = 200) -> AvitoPlatform:
     )
 
 
-def query(**changes: object) -> SentQuery:
+def query(*, since: datetime = STARTED, latest: datetime = STARTED, **changes: object) -> SentQuery:
     values: dict[str, object] = {
-        "account_id": "7", "chat_id": "c", "key": "job", "text": "Yes, it is available.",
-        "started_at": STARTED, "exclude": frozenset(),
+        "account_id": "7", "chat_id": "c", "key": "job", "attempts": Attempts(TEXT, since, latest),
+        "exclude": frozenset(), "rivals": (),
     }  # fmt: skip
     values.update(changes)
     return SentQuery(**values)  # type: ignore[arg-type]
 
 
-def out(message_id: str, created: object, text: str = "Yes, it is available.") -> dict[str, object]:
+def out(message_id: str, created: object, text: str = TEXT) -> dict[str, object]:
     return {
         "id": message_id,
         "direction": "out",
@@ -92,13 +95,34 @@ async def test_our_reply_is_found_when_sent_in_the_attempts_own_time() -> None:
     assert await listing([out("m-2", T + 3)]).find_sent(query()) == Sent("m-2")
 
 
+async def test_a_reply_an_earlier_attempt_of_the_job_may_have_sent_is_found_too() -> None:
+    # Attempt 1 timed out (its send landed late), attempt 2 failed clearly: the reply of
+    # attempt 1 is still this job's.
+    platform = listing([out("m-2", T + 12)])
+    assert await platform.find_sent(query(latest=STARTED + timedelta(minutes=5))) == Sent("m-2")
+
+
 async def test_an_identical_reply_already_recorded_for_another_job_is_never_taken_for_ours() -> None:
     platform = listing([out("m-2", T + 3)])
     assert await platform.find_sent(query(exclude=frozenset({"m-2"}))) is None
 
 
 async def test_an_identical_reply_from_before_the_attempt_is_not_ours() -> None:
-    assert await listing([out("m-1", T - 600)]).find_sent(query()) is None
+    assert await listing([out("m-1", T - 60)]).find_sent(query()) is None
+
+
+async def test_an_identical_reply_another_unknown_job_could_have_sent_is_unknown_not_ours() -> None:
+    rival = Attempts(TEXT, STARTED - timedelta(seconds=4), STARTED - timedelta(seconds=4))
+    with pytest.raises(Exception) as raised:
+        await listing([out("m-1", T - 3)]).find_sent(query(rivals=(rival,)))
+    assert getattr(raised.value, "kind", None) is Kind.UNKNOWN
+
+
+async def test_before_the_attempts_window_has_passed_it_is_too_early_to_say_not_sent() -> None:
+    just_now = datetime.now(UTC)
+    with pytest.raises(TooEarly) as raised:
+        await listing([]).find_sent(query(since=just_now, latest=just_now))
+    assert 10 <= raised.value.seconds <= 16  # the 10 s timeout plus clock skew
 
 
 async def test_an_answer_of_a_shape_we_do_not_know_is_unknown_not_absent() -> None:
@@ -109,13 +133,60 @@ async def test_an_answer_of_a_shape_we_do_not_know_is_unknown_not_absent() -> No
 
 
 async def test_a_full_page_that_does_not_reach_back_to_the_attempt_is_unknown() -> None:
-    newer = [out(f"x-{i}", T + 100, text="something else") for i in range(100)]
+    newer = [out(f"x-{i}", T + 1000 - i, text="something else") for i in range(100)]
     with pytest.raises(Exception) as raised:
         await listing(newer).find_sent(query())
     assert getattr(raised.value, "kind", None) is Kind.UNKNOWN
+    oldest_first = [out(f"x-{i}", T - 1000 + i, text="something else") for i in range(100)]
+    with pytest.raises(Exception) as raised:
+        await listing(oldest_first).find_sent(query())
+    assert getattr(raised.value, "kind", None) is Kind.UNKNOWN
+    reaching_back = [out(f"x-{i}", T + 50 - i, text="something else") for i in range(100)]
+    assert await listing(reaching_back).find_sent(query()) is None
 
 
 async def test_a_listing_that_fails_with_a_server_error_is_transient() -> None:
     with pytest.raises(Exception) as raised:
         await listing({"error": {"code": 503, "message": "down"}}, status=503).find_sent(query())
     assert getattr(raised.value, "kind", None) is Kind.TRANSIENT
+
+
+def telegram(status: int, body: object | bytes) -> TelegramPlatform:
+    def handle(request: httpx.Request) -> httpx.Response:
+        if isinstance(body, bytes):
+            return httpx.Response(status, content=body)
+        return httpx.Response(status, json=body)
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle), timeout=10)
+    return TelegramPlatform("https://tg.test", "1:x", client, AccountRateLimiter(1000))
+
+
+@pytest.mark.parametrize(
+    ("status", "body", "kind"),
+    [
+        (200, b"<html>oops</html>", Kind.UNKNOWN),  # took the request, answer unreadable
+        (500, {"ok": False, "error_code": 500, "description": "Internal Server Error"}, Kind.UNKNOWN),
+        (502, b"Bad Gateway", Kind.UNKNOWN),
+        (
+            429,
+            {
+                "ok": False,
+                "error_code": 429,
+                "description": "Too Many Requests",
+                "parameters": {"retry_after": 3},
+            },
+            Kind.TRANSIENT,
+        ),
+        (
+            403,
+            {"ok": False, "error_code": 403, "description": "Forbidden: bot was blocked by the user"},
+            Kind.PERMANENT,
+        ),
+    ],
+)
+async def test_telegram_retries_only_what_never_reached_it_and_429s(
+    status: int, body: object, kind: Kind
+) -> None:
+    with pytest.raises(Exception) as raised:
+        await telegram(status, body).send("1", "42", "hi", key="job")
+    assert getattr(raised.value, "kind", None) is kind

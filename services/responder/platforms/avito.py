@@ -12,14 +12,14 @@ import httpx
 
 from ..failures import Failure, Kind
 from ..ratelimit import AccountRateLimiter
-from .base import Sent, SentQuery, call, raise_for
+from .base import Attempts, Sent, SentQuery, TooEarly, call, raise_for
 
 logger = logging.getLogger(__name__)
 
 #: Avito's page size limit for a chat's messages.
 LIST_LIMIT = 100
 #: How far Avito's clock may be from ours when matching an interrupted send by time.
-CLOCK_SKEW_SECONDS = 30.0
+CLOCK_SKEW_SECONDS = 5.0
 
 
 class AvitoToken:
@@ -104,11 +104,19 @@ class AvitoPlatform:
 
     async def find_sent(self, query: SentQuery) -> Sent | None:
         """Our reply of an interrupted send, in the chat's latest messages (a bare JSON array,
-        newest first, per Avito's ``Messages`` schema): an outgoing message with the same
-        text, not one recorded for another job, created while that attempt could have
-        sent it (its start, plus the request timeout, plus clock skew either way). An answer
-        that cannot tell (not a list, an item without id or time, or a full page that does
-        not reach back to the attempt) is unknown, never "not sent"."""
+        newest first, per Avito's ``Messages`` schema): an outgoing message with the job's
+        text, not one recorded for another job, created while one of the job's attempts
+        could have sent it — from the first attempt that may have sent, to the latest
+        attempt's start plus the request timeout (and clock skew either way). Until that
+        window has passed a send may still land, so it is too early to say "not sent".
+        An answer that cannot tell is unknown, never "not sent": not a list, an item like
+        ours without an id or a time, a full page that does not reach back to the window,
+        or a reply like ours that another job of the chat, whose outcome is unknown too,
+        could have sent."""
+        window = self._window(query.attempts)
+        wait = window[1] - time.time()
+        if wait > 0:
+            raise TooEarly(wait)
         url = f"{self._base}/messenger/v3/accounts/{query.account_id}/chats/{query.chat_id}/messages/"
         response = await self._authorized(
             query.account_id, "GET", url, params={"limit": LIST_LIMIT, "offset": 0}
@@ -120,32 +128,38 @@ class AvitoPlatform:
             raise Failure(Kind.UNKNOWN, "Avito's message list is not JSON") from None
         if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
             raise Failure(Kind.UNKNOWN, "Avito's message list has a shape we do not know")
-        started = query.started_at.timestamp()
-        earliest = started - CLOCK_SKEW_SECONDS
-        latest = started + self._send_timeout + CLOCK_SKEW_SECONDS
-        oldest_seen: float | None = None
+        times = [c for c in (i.get("created") for i in items) if _is_time(c)]
+        if len(items) >= LIST_LIMIT and not (
+            times == sorted(times, reverse=True) and times and times[-1] <= window[0]
+        ):
+            raise Failure(Kind.UNKNOWN, f"Avito's last {LIST_LIMIT} messages do not reach back to the send")
+        rivals = [self._window(r) for r in query.rivals if r.text == query.attempts.text]
         for item in items:
-            created = item.get("created")
-            valid_time = isinstance(created, int | float) and not isinstance(created, bool)
-            if valid_time:
-                oldest_seen = created if oldest_seen is None else min(oldest_seen, created)
             content = item.get("content")
-            if (
-                item.get("direction") != "out"
-                or not isinstance(content, dict)
-                or content.get("text") != query.text
-            ):
+            if item.get("direction") != "out" or not isinstance(content, dict):
                 continue
-            message_id = item.get("id")
-            if not message_id or not valid_time:
+            if content.get("text") != query.attempts.text:
+                continue
+            message_id, created = item.get("id"), item.get("created")
+            if not message_id or not _is_time(created):
                 raise Failure(Kind.UNKNOWN, "Avito listed a reply like ours without an id or a time")
-            if str(message_id) in query.exclude:
+            if str(message_id) in query.exclude or not window[0] <= created <= window[1]:
                 continue
-            if earliest <= created <= latest:
-                return Sent(str(message_id))
-        if len(items) >= LIST_LIMIT and (oldest_seen is None or oldest_seen > earliest):
-            raise Failure(Kind.UNKNOWN, f"more than {LIST_LIMIT} messages since the send; cannot tell")
+            if any(lo <= created <= hi for lo, hi in rivals):
+                raise Failure(
+                    Kind.UNKNOWN,
+                    "a reply like ours is in the chat, but another job whose send is unknown may have sent it",
+                )
+            return Sent(str(message_id))
         return None
+
+    def _window(self, attempts: Attempts) -> tuple[float, float]:
+        """When Avito may have created a message these attempts sent (epoch seconds; its
+        ``created`` is whole seconds)."""
+        return (
+            attempts.since.timestamp() - CLOCK_SKEW_SECONDS - 1,
+            attempts.latest.timestamp() + self._send_timeout + CLOCK_SKEW_SECONDS,
+        )
 
     async def aclose(self) -> None:
         return None
@@ -160,3 +174,7 @@ def _detail(response: httpx.Response) -> str:
         return response.text[:200]
     err = body.get("error", body) if isinstance(body, dict) else body
     return str(err.get("message", err) if isinstance(err, dict) else err)[:200]
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

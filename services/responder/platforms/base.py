@@ -21,16 +21,37 @@ class Sent:
 
 
 @dataclass(frozen=True)
+class Attempts:
+    """A job's sends that may have reached the platform: one text, from the first such
+    attempt's start to the latest attempt's start."""
+
+    text: str
+    since: datetime
+    latest: datetime
+
+
+@dataclass(frozen=True)
 class SentQuery:
-    """What an interrupted send looked like, to find it on the platform: the job (``key``),
-    the text, when the attempt began, and the chat's replies already recorded (never ours)."""
+    """What an interrupted send looked like, to find it on the platform: the job
+    (``key``), its attempts, the chat's replies already recorded (never ours), and the
+    attempts of the chat's other jobs whose outcome is unknown too (``rivals``: a reply
+    that could be theirs is not taken for ours)."""
 
     account_id: str
     chat_id: str
     key: str
-    text: str
-    started_at: datetime
+    attempts: Attempts
     exclude: frozenset[str] = frozenset()
+    rivals: tuple[Attempts, ...] = ()
+
+
+class TooEarly(Exception):
+    """The platform cannot tell yet: a send still in its time window may not show. Ask
+    again after ``seconds`` (not an attempt)."""
+
+    def __init__(self, seconds: float) -> None:
+        super().__init__(f"too early to tell; ask again in {seconds:.0f}s")
+        self.seconds = seconds
 
 
 class Platform(Protocol):
@@ -47,7 +68,8 @@ class Platform(Protocol):
 
     async def find_sent(self, query: SentQuery) -> Sent | None:
         """The reply an interrupted send made, if the platform shows it; None when the
-        platform shows it did not; ``Failure`` when the platform's answer cannot tell."""
+        platform shows it did not; ``Failure`` when the platform's answer cannot tell;
+        ``TooEarly`` when it cannot tell yet."""
         ...
 
     async def aclose(self) -> None: ...

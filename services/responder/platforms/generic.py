@@ -52,6 +52,10 @@ class GenericPlatform:
             content=body.encode(),
             headers=headers,
         )
+        if response.status_code == 409:
+            # An idempotent receiver still working on this key: what it will do is unknown;
+            # the next attempt sends again under the same key.
+            raise Failure(Kind.UNKNOWN, "the receiver is still processing this reply (HTTP 409)")
         raise_for(response, response.text[:200] if not response.is_success else "", acts=True)
         try:
             data = response.json()

@@ -36,20 +36,32 @@ class TelegramPlatform:
         try:
             body = response.json()
         except ValueError:
+            body = None
+        if not isinstance(body, dict) or not isinstance(body.get("ok"), bool):
+            if response.is_success:
+                # Telegram took the request and answered something we cannot read: it may
+                # have sent the message, and it has no key to send it again safely.
+                raise Failure(
+                    Kind.UNKNOWN, f"Telegram answered HTTP {response.status_code} with a body we cannot read"
+                )
             body = {}
-        if not isinstance(body, dict):
-            body = {}
-        if not response.is_success or not body.get("ok"):
-            # Telegram may also answer 200 with {"ok": false, "error_code": N}.
-            status = response.status_code if not response.is_success else _error_code(body)
-            failure = classify_status(
-                status, str(body.get("description", ""))[:200], retry_after_of(response), acts=True
+        if body.get("ok") is True:
+            try:
+                return Sent(str(body["result"]["message_id"]))
+            except (KeyError, TypeError):
+                raise Failure(Kind.UNKNOWN, "Telegram answered ok without a message id") from None
+        # Telegram may also answer 200 with {"ok": false, "error_code": N}.
+        status = _error_code(body) if response.is_success else response.status_code
+        detail = str(body.get("description", ""))[:200]
+        if status >= 500:
+            # No idempotency key and no way to list the bot's messages: a server error after
+            # the request reached Telegram may come after the message was sent. Retry only
+            # what never left and 429s (../shared/platforms.md); this goes to a person.
+            raise Failure(
+                Kind.UNKNOWN, f"Telegram answered HTTP {status}; the message may have been sent ({detail})"
             )
-            raise failure or Failure(Kind.UNKNOWN, "Telegram answered without ok")
-        try:
-            return Sent(str(body["result"]["message_id"]))
-        except (KeyError, TypeError):
-            raise Failure(Kind.UNKNOWN, "Telegram answered ok without a message id") from None
+        failure = classify_status(status, detail, retry_after_of(response), acts=True)
+        raise failure or Failure(Kind.UNKNOWN, "Telegram answered without ok")
 
     async def find_sent(self, query: SentQuery) -> Sent | None:
         raise NotImplementedError("Telegram cannot list a bot's sent messages")
