@@ -92,10 +92,12 @@ chaos: install services-check
 	$(BIN)/python -m chaos --admin-database-url "$(CHATQ_TEST_DATABASE_URL)" \
 	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
 
-# Minutes of steady load with every process's memory sampled (not in CI).
+# Minutes of steady load with every process's memory and every table's size sampled (not
+# in CI). SOAK_ARGS passes options, e.g. make soak SOAK_ARGS="--minutes 10 --rate 50".
+SOAK_ARGS ?=
 soak: install services-check
 	$(BIN)/python -m chaos.soak --admin-database-url "$(CHATQ_TEST_DATABASE_URL)" \
-	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
+	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)" $(SOAK_ARGS)
 
 clean:
 	rm -rf $(VENV) .pytest_cache .ruff_cache .mypy_cache

@@ -1,9 +1,12 @@
-"""``make soak``: steady load for minutes, memory of every process sampled; reports
-whether anything grew without bound and whether the backlog stayed flat. Not in CI.
+"""``make soak``: steady load for minutes, memory of every process and the size of every
+table sampled; reports whether anything grew without bound and whether the backlog stayed
+flat. Not in CI.
 
-Usage: python -m chaos.soak [--minutes 5] [--rate N]
+Usage: python -m chaos.soak [--minutes 5] [--rate N] [--retention-seconds 60]
 --rate defaults to half the receiver's intake limit measured by the last
 ``python -m bench.intake`` (bench/results/intake.json), else 200 messages/s.
+--retention-seconds is how long finished rows (and published outbox rows) are kept, so
+that a run of minutes shows the tables reaching a plateau instead of growing.
 """
 
 from __future__ import annotations
@@ -27,6 +30,16 @@ from tests.support.payloads import telegram_update
 from tests.support.processes import free_port
 
 RESULTS = Path(__file__).resolve().parents[1] / "bench" / "results"
+#: Tables that hold one or more rows per message: they must plateau under retention.
+TABLES = (
+    "operations",
+    "outbox",
+    "chat_windows",
+    "window_messages",
+    "reply_jobs",
+    "reply_coverage",
+    "deliveries",
+)
 
 
 def rss_mb(pid: int) -> float:
@@ -69,12 +82,17 @@ async def main(args: argparse.Namespace) -> int:
                 responder_concurrency=16,
                 log_level="WARNING",
                 platform_rate_per_second=1000,  # the fake has no limit; pacing is not under test
+                retention_days=args.retention_seconds / 86400,
+                retention_interval_seconds=max(1.0, args.retention_seconds / 6),
+                relay_retention_seconds=args.retention_seconds,
+                relay_purge_interval_seconds=max(1.0, args.retention_seconds / 6),
             )
             cluster = Cluster(settings, [free_port()])
             await cluster.start_all()
             pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
             memory: dict[str, list[tuple[float, float]]] = {n: [] for n in cluster.procs}
             backlog: list[tuple[float, int]] = []
+            sizes: dict[str, list[tuple[float, float]]] = {t: [] for t in TABLES}
             sent = acked = 0
             started = time.monotonic()
             duration = args.minutes * 60
@@ -93,6 +111,8 @@ async def main(args: argparse.Namespace) -> int:
                             ),
                         )
                     )
+                    for table in TABLES:
+                        sizes[table].append((t, float(await pool.fetchval(f"SELECT count(*) FROM {table}"))))
                     await asyncio.sleep(5)
 
             async def post(client: httpx.AsyncClient, n: int) -> None:
@@ -174,6 +194,28 @@ async def main(args: argparse.Namespace) -> int:
     print(
         f"  backlog after warm-up: min {min(levels)}, max {max(levels)}, last {levels[-1]}, trend {trend:+.0f}/min ({'flat' if flat else 'GROWING'})"
     )
+    # Tables: once finished rows start leaving (retention + one purge round), a table's
+    # row count must stop growing; its trend after that counts like the backlog's.
+    settled = min(duration / 2, args.retention_seconds * 1.5 + warm)
+    report["tables"] = {}
+    for table, samples in sizes.items():
+        tail = [(t, v) for t, v in samples if t >= settled]
+        if not tail:
+            continue
+        trend = slope_per_minute(tail)
+        bounded = trend < 0.05 * rate * 60
+        ok &= bounded
+        start = next((v for t, v in samples if t >= warm), samples[0][1])
+        report["tables"][table] = {  # type: ignore[index]
+            "rows_after_warmup": start,
+            "rows_end": tail[-1][1],
+            "rows_peak": max(v for _, v in samples),
+            "trend_per_min_after_retention": trend,
+        }
+        print(
+            f"  {table:16s} rows {start:8.0f} after warm-up -> {tail[-1][1]:8.0f} at the end "
+            f"(peak {max(v for _, v in samples):.0f}), trend {trend:+.0f}/min {'bounded' if bounded else 'GROWING'}"
+        )
     print(f"  operations by state at the end: {states}")
     report["states"] = states
     RESULTS.mkdir(parents=True, exist_ok=True)
@@ -185,6 +227,12 @@ if __name__ == "__main__":
     p = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     p.add_argument("--minutes", type=float, default=5)
     p.add_argument("--rate", type=float)
+    p.add_argument(
+        "--retention-seconds",
+        type=float,
+        default=60,
+        help="how long finished rows are kept (the product: 30 days)",
+    )
     p.add_argument("--admin-database-url", default="postgresql://postgres@127.0.0.1:5432/postgres")
     p.add_argument("--amqp-url", default="amqp://guest:guest@127.0.0.1:5672/")
     p.add_argument("--rabbitmq-api-url", default="http://guest:guest@127.0.0.1:15672/api")
