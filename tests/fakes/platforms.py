@@ -50,6 +50,8 @@ class FakeWorld:
     alerts: list[dict[str, Any]] = field(default_factory=list)
     avito_tokens: set[str] = field(default_factory=set)
     avito_token_requests: int = 0
+    #: Actions scheduled to happen later ("late:N") that have not happened yet.
+    pending_actions: int = 0
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     url: str = ""
     #: Random failures once the queues are empty: target -> [(behaviour, probability)].
@@ -178,7 +180,12 @@ def fake_app(world: FakeWorld) -> FastAPI:
 
         if b is not None and b.startswith("late:"):
             # The send lands N s after the request, while the caller has long timed out.
-            asyncio.get_running_loop().call_later(float(b.split(":", 1)[1]), create)
+            def land() -> None:
+                create()
+                world.pending_actions -= 1
+
+            world.pending_actions += 1
+            asyncio.get_running_loop().call_later(float(b.split(":", 1)[1]), land)
             await asyncio.sleep(LOST_SECONDS)
             return JSONResponse({"error": {"code": 504, "message": "fake late"}}, status_code=504)
         message = create()
