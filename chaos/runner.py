@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import itertools
 import os
 import random
 import signal
@@ -332,7 +331,9 @@ SHORT = [
     Scenario("kill -9 at every fault point", fault_points),
     Scenario("RabbitMQ connections cut", broker_cuts),
     Scenario("platform 5xx/429/slow/lost, model errors", platform_faults, llm=True),
-    Scenario("RabbitMQ away, two relays publish their backlogs at once", broker_away_with_backlog, replicas=2),
+    Scenario(
+        "RabbitMQ away, two relays publish their backlogs at once", broker_away_with_backlog, replicas=2
+    ),
     Scenario("sends refused, a person retries after later replies", permanent_failures, person=retry_failed),
     Scenario(
         "outcomes unknown until attempts run out, a person checks",
@@ -534,26 +535,30 @@ async def verdict(
     for chat in {e.chat for e in events}:
         extra += max(0, len(world.replies_to(chat)) - may_have_sent[chat])
     # Order: within a chat, each sent reply covers only messages after the previous one's
-    # (a message a person retried is answered when the person decided, and is left out).
-    jobs: dict[str, list[tuple[object, tuple, tuple]]] = defaultdict(list)
-    for r in await pool.fetch(
+    # in platform order (chatq_order); a message a person retried is answered when the
+    # person decided, and is left out.
+    late = await pool.fetch(
         """
-        SELECT j.chat_key, j.sent_at, array_agg(ROW(o.sent_at, length(o.message_id), o.message_id)) AS keys
-        FROM reply_jobs j JOIN operations o ON o.id = ANY(j.operation_ids)
-        WHERE j.status = 'sent' AND o.retries = 0 GROUP BY j.id, j.chat_key, j.sent_at
+        WITH jobs AS (
+            SELECT j.chat_key, j.sent_at,
+                   (array_agg(chatq_order(o.platform, o.sent_at, o.message_id, o.received_at)
+                              ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at)))[1] AS lo,
+                   (array_agg(chatq_order(o.platform, o.sent_at, o.message_id, o.received_at)
+                              ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at) DESC))[1] AS hi
+            FROM reply_jobs j JOIN operations o ON o.id = ANY(j.operation_ids)
+            WHERE j.status = 'sent' AND o.retries = 0
+            GROUP BY j.id, j.chat_key, j.sent_at
+        ), seq AS (
+            SELECT jobs.*, lag(hi) OVER (PARTITION BY chat_key ORDER BY sent_at) AS prev_hi FROM jobs
+        )
+        SELECT chat_key, sent_at, lo::text, prev_hi::text FROM seq WHERE prev_hi IS NOT NULL AND lo <= prev_hi
         """
-    ):
-        keys = [tuple(k) for k in r["keys"]]
-        jobs[r["chat_key"]].append((r["sent_at"], min(keys), max(keys)))
-    out_of_order = 0
-    for replies in jobs.values():
-        replies.sort(key=lambda j: j[0])
-        for prev, cur in itertools.pairwise(replies):
-            if cur[1] <= prev[2]:
-                out_of_order += 1
-                print(
-                    f"  out of order: reply at {cur[0]} covers {cur[1]}..{cur[2]}, after one at {prev[0]} covering {prev[1]}..{prev[2]}"
-                )
+    )
+    for r in late:
+        print(
+            f"  out of order in {r['chat_key']}: the reply at {r['sent_at']} covers {r['lo']}, not after {r['prev_hi']}"
+        )
+    out_of_order = len(late)
     return Verdict(
         scenario=name,
         attempted=len(events),
@@ -566,7 +571,7 @@ async def verdict(
         ignored=status["ignored"],
         lost=sum(lost_reasons.values()),
         duplicated=int(doubled) + extra,
-        out_of_order=int(out_of_order),
+        out_of_order=out_of_order,
         restarts=restarts,
         person=dict(person or {}),
         reasons=dict(reasons.most_common(5)),

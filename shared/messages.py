@@ -6,6 +6,7 @@ understand instead of guessing.
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Literal, Self
 from uuid import UUID
@@ -50,7 +51,15 @@ class InboundMessage(WireModel):
 
 
 def chat_key(platform: str, account_id: str, chat_id: str) -> str:
-    return f"{platform}:{account_id}:{chat_id}"
+    """``platform:account:chat`` with ``%`` and ``:`` escaped in the parts (``%25``, ``%3A``),
+    so two chats never share a key, whatever their ids hold: (account ``shop:1``, chat
+    ``42``) and (account ``shop``, chat ``1:42``) are two chats. Ids without those
+    characters read as themselves. The same rule in SQL: ``chatq_chat_key``."""
+    return f"{platform}:{_escape(account_id)}:{_escape(chat_id)}"
+
+
+def _escape(part: str) -> str:
+    return part.replace("%", "%25").replace(":", "%3A")
 
 
 class JobMessage(BaseModel):
@@ -83,3 +92,14 @@ class ReplyJob(WireModel):
     @property
     def chat_key(self) -> str:
         return chat_key(self.platform, self.account_id, self.chat_id)
+
+
+@dataclass(frozen=True)
+class JobCaps:
+    """The most one reply job carries (JOB_MAX_MESSAGES, JOB_MAX_TEXT_CHARS). A window that
+    grew past it while its chat waited (a slow model, a retrying job) is answered in
+    parts, in order, one job after the other; a fold-in that would pass it waits for the
+    next job. A job's first message always goes."""
+
+    messages: int = 50
+    chars: int = 8000

@@ -1,8 +1,15 @@
 """Durable intake: one statement writes the inbox row and, for a message the bot will
 answer, its outbox row. One statement is one transaction, and one round trip.
 
+Time is Postgres' clock, the one every other step uses: ``received_at`` is the database's
+time of the insert, and the inbound message's body is built in the same statement from
+the row as stored. A platform's ``sent_at`` is the buyer's claim: one more than
+``FUTURE_TOLERANCE_SECONDS`` ahead of the database's clock is replaced by the receipt
+time (the original stays in the payload), and a missing one is the receipt time.
+
 A repeat of an event already stored (same platform event id, or same platform message)
-writes nothing and returns the stored operation.
+writes nothing and returns the stored operation. An event id that names another message
+is refused.
 """
 
 from __future__ import annotations
@@ -15,9 +22,15 @@ from datetime import UTC, datetime
 import asyncpg
 
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
-from shared.messages import InboundMessage, chat_key
 
 from .errors import ApiError
+
+#: A platform timestamp further ahead of our clock than this is not believed.
+FUTURE_TOLERANCE_SECONDS = 300
+#: Longest id (account, chat, message, author, event) we store: far above any platform's
+#: (Telegram's are 64-bit integers, Avito's and generic ones short strings), far below
+#: what a btree index entry can hold.
+MAX_ID_LENGTH = 256
 
 
 @dataclass(frozen=True)
@@ -38,6 +51,16 @@ class Intake:
     def __post_init__(self) -> None:
         for name in ("account_id", "event_id", "chat_id", "message_id", "author_id", "text"):
             check_storable(name, getattr(self, name))
+        for name in ("account_id", "event_id", "chat_id", "message_id", "author_id"):
+            value = getattr(self, name)
+            if value is not None and len(value) > MAX_ID_LENGTH:
+                raise ApiError(
+                    422,
+                    "invalid_payload",
+                    f"{name} is longer than {MAX_ID_LENGTH} characters: not a platform id",
+                )
+        if self.sent_at is not None and self.sent_at.tzinfo is None:
+            raise ApiError(422, "invalid_payload", "sent_at has no time zone")
         if self.ignored_reason is None and (
             self.chat_id is None or self.message_id is None or self.text is None
         ):
@@ -63,54 +86,48 @@ class Stored:
     duplicate: bool
 
 
-_STORE_SQL = """
-WITH op AS (
+# The inbound message's body is the row as stored, as chatq.inbound.v1 (shared.messages:
+# a test checks that it parses as InboundMessage).
+_STORE_SQL = f"""
+WITH clock AS (SELECT clock_timestamp() AS now), op AS (
     INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id,
                             author_id, text, sent_at, status, status_reason, received_at, payload)
-    VALUES ($1, $2, $3, $4, $5, $6, $7, $8, $9, $10, $11, $12, $13::text::json)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8,
+           CASE WHEN $9::timestamptz IS NULL
+                  OR $9::timestamptz > clock.now + interval '{FUTURE_TOLERANCE_SECONDS} seconds'
+                THEN clock.now ELSE $9::timestamptz END,
+           $10, $11, clock.now, $12::text::json
+    FROM clock
     ON CONFLICT DO NOTHING
-    RETURNING id, status
+    RETURNING id, platform, account_id, chat_id, message_id, author_id, text, sent_at, received_at, status
 ), ob AS (
     INSERT INTO outbox (exchange, routing_key, message_id, ordering_key, operation_id, body)
-    SELECT $14, $15, $16, $17, op.id, $18 FROM op WHERE op.status = 'accepted'
+    SELECT $13, $14, op.id::text, chatq_chat_key(op.platform, op.account_id, op.chat_id), op.id,
+           convert_to(json_build_object(
+               'schema', 'chatq.inbound.v1', 'operation_id', op.id, 'platform', op.platform,
+               'account_id', op.account_id, 'chat_id', op.chat_id, 'message_id', op.message_id,
+               'author_id', op.author_id, 'text', op.text, 'sent_at', op.sent_at,
+               'received_at', op.received_at)::text, 'UTF8')
+    FROM op WHERE op.status = 'accepted'
 )
 SELECT id, status FROM op
 """
 
 _EXISTING_SQL = """
-SELECT id, status FROM operations
+SELECT id, status, chat_id, message_id FROM operations
 WHERE platform = $1 AND account_id = $2
   AND (event_id = $3 OR (chat_id = $4 AND message_id = $5))
+ORDER BY (chat_id = $4 AND message_id = $5) DESC NULLS LAST
 LIMIT 1
 """
 
 
 async def store(pool: asyncpg.Pool, intake: Intake) -> Stored:
-    operation_id = uuid.uuid4()
-    received_at = datetime.now(UTC)
     status = "ignored" if intake.ignored_reason else "accepted"
-    body = b""
-    routing_key = inbound_routing_key(intake.platform)
-    ordering = ""
-    if status == "accepted":
-        assert intake.chat_id and intake.message_id and intake.text is not None
-        message = InboundMessage(
-            operation_id=operation_id,
-            platform=intake.platform,  # type: ignore[arg-type]
-            account_id=intake.account_id,
-            chat_id=intake.chat_id,
-            message_id=intake.message_id,
-            author_id=intake.author_id,
-            text=intake.text,
-            sent_at=intake.sent_at or received_at,
-            received_at=received_at,
-        )
-        body = message.to_bytes()
-        ordering = chat_key(intake.platform, intake.account_id, intake.chat_id)
     try:
         row = await pool.fetchrow(
             _STORE_SQL,
-            operation_id,
+            uuid.uuid4(),
             intake.platform,
             intake.account_id,
             intake.event_id,
@@ -121,17 +138,15 @@ async def store(pool: asyncpg.Pool, intake: Intake) -> Stored:
             intake.sent_at,
             status,
             intake.ignored_reason,
-            received_at,
             intake.payload,
             INBOUND_EXCHANGE,
-            routing_key,
-            str(operation_id),
-            ordering,
-            body,
+            inbound_routing_key(intake.platform),
         )
     except (asyncpg.DataError, asyncpg.InvalidTextRepresentationError) as exc:
         # E.g. a JSON escape Postgres cannot store (\u0000, a lone surrogate).
         raise ApiError(422, "invalid_payload", f"the body cannot be stored: {exc}") from None
+    except asyncpg.ProgramLimitExceededError:
+        raise ApiError(422, "invalid_payload", "a value in the body is too large to store") from None
     if row is not None:
         return Stored(row["id"], row["status"], duplicate=False)
     existing = await pool.fetchrow(
@@ -144,11 +159,19 @@ async def store(pool: asyncpg.Pool, intake: Intake) -> Stored:
     )
     if existing is None:  # pragma: no cover - a conflict implies a committed row
         raise RuntimeError("insert conflicted but no stored operation was found")
+    if (existing["chat_id"], existing["message_id"]) != (intake.chat_id, intake.message_id):
+        # The event id is taken by another message: a sender reusing ids. Storing nothing
+        # and answering 2xx would lose this message without a trace.
+        raise ApiError(
+            409,
+            "event_id_reused",
+            f"event id {intake.event_id!r} already names another message; send each message with its own id",
+        )
     return Stored(existing["id"], existing["status"], duplicate=True)
 
 
 def parse_json(body: bytes) -> tuple[object, str]:
-    """Decode a JSON body strictly: UTF-8 and valid JSON, or a clear 400."""
+    """Decode a JSON body strictly: UTF-8 and valid JSON, or a clear 4xx."""
     try:
         text = body.decode("utf-8")
     except UnicodeDecodeError:
@@ -157,6 +180,9 @@ def parse_json(body: bytes) -> tuple[object, str]:
         return json.loads(text), text
     except (json.JSONDecodeError, RecursionError):
         raise ApiError(400, "malformed_json", "the body is not valid JSON") from None
+    except ValueError:
+        # Valid JSON Python refuses to read, such as an integer of over 4,300 digits.
+        raise ApiError(422, "invalid_payload", "a number in the body is too large") from None
 
 
 def epoch_to_datetime(seconds: float | int | None) -> datetime | None:

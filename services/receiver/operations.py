@@ -14,7 +14,7 @@ import asyncpg
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.answered import UPSERT_LAST_ANSWERED
+from shared.answered import MARK_ANSWERED
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 from shared.messages import InboundMessage, chat_key
 from shared.outbox import OutboxMessage, enqueue_many
@@ -290,20 +290,9 @@ async def resolve_operation(operation_id: str, body: Resolution, request: Reques
             detail=reason,
             job_id=row["job_id"],
         )
-        if body.resolution == "replied_manually" and row["job_id"] is not None:
-            # A person answered: the already-answered guard must know.
-            last = max(
-                resolved,
-                key=lambda r: (r["sent_at"] or r["received_at"], len(r["message_id"]), r["message_id"]),
-            )
-            await conn.execute(
-                UPSERT_LAST_ANSWERED,
-                row["chat_key"],
-                last["sent_at"] or last["received_at"],
-                last["message_id"],
-                datetime.now(UTC),
-                row["job_id"],
-            )
+        if body.resolution == "replied_manually" and row["job_id"] is not None and resolved:
+            # A person answered: the chat's history must know.
+            await conn.execute(MARK_ANSWERED, row["chat_key"], [r["id"] for r in resolved], row["job_id"])
     return {"operation_id": str(op_id), "status": status, "resolved": [str(r["id"]) for r in resolved]}
 
 

@@ -23,6 +23,7 @@ import asyncpg
 
 from shared import metrics
 from shared.broker.consumer import Reject
+from shared.messages import JobCaps
 from shared.messages import chat_key as make_chat_key
 from shared.state.job import DeliveryStatus, lock_key
 
@@ -91,9 +92,10 @@ class JobBusy(Exception):
 
 
 class JobStore:
-    def __init__(self, pool: asyncpg.Pool, *, history: int = 12) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, history: int = 12, caps: JobCaps | None = None) -> None:
         self._pool = pool
         self._history = history
+        self._caps = caps or JobCaps()
 
     @contextlib.asynccontextmanager
     async def exclusive(self, job_id: uuid.UUID) -> AsyncIterator[JobSession]:
@@ -106,7 +108,7 @@ class JobStore:
         with its connection, and a connection whose unlock did not complete is closed
         rather than pooled with the lock still held."""
         async with self._pool.acquire() as conn:
-            session = JobSession(conn, job_id, self._history)
+            session = JobSession(conn, job_id, self._history, self._caps)
             try:
                 yield session
             finally:
@@ -123,10 +125,13 @@ class JobSession:
     statement (the functions of shared/functions/30_jobs.sql), so one round trip and one
     transaction: a reply costs three (claim, before send, record sent)."""
 
-    def __init__(self, conn: asyncpg.Connection, job_id: uuid.UUID, history: int) -> None:
+    def __init__(
+        self, conn: asyncpg.Connection, job_id: uuid.UUID, history: int, caps: JobCaps | None = None
+    ) -> None:
         self._conn = conn
         self._lock_key = lock_key(job_id)
         self._history = history
+        self._caps = caps or JobCaps()
         # None: unknown (a claim that raised may have taken it); True: held; False: not held.
         self._locked: bool | None = False
 
@@ -189,27 +194,25 @@ class JobSession:
         none (or ``fold`` is false), record the delivery intent and return the job as it
         is: committed before the platform is called, from now on the send may have happened."""
         rows = await self._conn.fetch(
-            "SELECT * FROM chatq_before_send($1, $2, $3, $4, $5) ORDER BY pos",
+            "SELECT * FROM chatq_before_send($1, $2, $3, $4, $5, $6, $7) ORDER BY pos",
             job.job_id,
             job.chat_key,
             text,
             attempt,
             fold,
+            self._caps.messages,
+            self._caps.chars,
         )
         if not rows:
             return job
-        merged = sorted((*job.messages, *(_message(r) for r in rows)), key=_platform_order)
-        return replace(job, messages=tuple(merged))
+        return replace(job, messages=tuple(_message(r) for r in rows))
 
     async def record_sent(self, job: Job, text: str, platform_message_id: str) -> datetime:
-        last = max(job.messages, key=_platform_order)
         row = await self._conn.fetchrow(
-            "SELECT * FROM chatq_record_sent($1, $2, $3, $4, $5, $6)",
+            "SELECT * FROM chatq_record_sent($1, $2, $3, $4)",
             job.job_id,
             text,
             platform_message_id,
-            last.sent_at,
-            last.message_id,
             self._lock_key,
         )
         self._locked = False
@@ -297,7 +300,3 @@ class JobSession:
 
 def _message(r: asyncpg.Record) -> Message:
     return Message(r["operation_id"], r["message_id"], r["text"], r["sent_at"], r["received_at"])
-
-
-def _platform_order(m: Message) -> tuple[datetime, int, str, datetime]:
-    return (m.sent_at, len(m.message_id), m.message_id, m.received_at)

@@ -12,15 +12,15 @@
 -- reply_coverage (a primary key: one reply per message, whatever race brought it to two
 -- jobs); nothing else makes a buyer message "answered".
 
--- The messages of a job, in platform order, one row each (position from 1).
+-- The messages of a job, in platform order (chatq_order), one row each (position from 1).
 CREATE OR REPLACE FUNCTION chatq_job_messages(p_ids uuid[])
 RETURNS TABLE (pos bigint, operation_id uuid, message_id text, text text, sent_at timestamptz,
                received_at timestamptz)
 LANGUAGE sql STABLE AS $$
-    SELECT row_number() OVER w, o.id, o.message_id, o.text, coalesce(o.sent_at, o.received_at), o.received_at
+    SELECT row_number() OVER w, o.id, o.message_id, o.text, o.sent_at, o.received_at
     FROM operations o
     WHERE o.id = ANY(p_ids)
-    WINDOW w AS (ORDER BY coalesce(o.sent_at, o.received_at), length(o.message_id), o.message_id, o.received_at)
+    WINDOW w AS (ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
 $$;
 
 -- Claim a job for an attempt, taking every decision before any side effect. First the
@@ -94,8 +94,7 @@ BEGIN
     -- on the platform covers them all). Otherwise the job keeps those still unanswered
     -- that no other reply holds.
     FOREACH v IN ARRAY j.ops LOOP
-        SELECT op.status, op.message_id, op.text, coalesce(op.sent_at, op.received_at) AS sent,
-               op.received_at, op.job_id
+        SELECT op.status, op.message_id, op.text, op.sent_at AS sent, op.received_at, op.job_id
         INTO o FROM operations op WHERE op.id = v;
         CONTINUE WHEN NOT FOUND;
         IF NOT reconciling THEN
@@ -155,7 +154,7 @@ BEGIN
             UPDATE reply_jobs r
             SET operation_ids = ARRAY(
                 SELECT t.id FROM unnest(ids, m_ids, m_sent, m_received) AS t(id, mid, sent, recv)
-                ORDER BY t.sent, length(t.mid), t.mid, t.recv)
+                ORDER BY chatq_order(j.platform, t.sent, t.mid, t.recv))
             WHERE r.id = p_job;
         END IF;
         outcome := 'claimed';
@@ -183,13 +182,11 @@ BEGIN
     END IF;
 
     -- The messages kept, in platform order, from what was read above (no table access).
-    SELECT array_agg(t.id ORDER BY t.sent, length(t.mid), t.mid, t.recv),
-           array_agg(t.mid ORDER BY t.sent, length(t.mid), t.mid, t.recv),
-           array_agg(t.body ORDER BY t.sent, length(t.mid), t.mid, t.recv),
-           array_agg(t.sent ORDER BY t.sent, length(t.mid), t.mid, t.recv),
-           array_agg(t.recv ORDER BY t.sent, length(t.mid), t.mid, t.recv)
+    SELECT array_agg(t.id ORDER BY t.o), array_agg(t.mid ORDER BY t.o), array_agg(t.body ORDER BY t.o),
+           array_agg(t.sent ORDER BY t.o), array_agg(t.recv ORDER BY t.o)
     INTO operation_ids, message_ids, texts, sent_ats, received_ats
-    FROM unnest(ids, m_ids, m_texts, m_sent, m_received) AS t(id, mid, body, sent, recv);
+    FROM (SELECT u.*, chatq_order(j.platform, u.sent, u.mid, u.recv) AS o
+          FROM unnest(ids, m_ids, m_texts, m_sent, m_received) AS u(id, mid, body, sent, recv)) t;
     RETURN NEXT;
 END
 $$;
@@ -199,8 +196,13 @@ $$;
 -- earlier message of the chat is still in transit (the window waits for it, as the
 -- coalescer's emission does); if there were none, record the delivery intent ('sending', committed before the platform is
 -- called: from then on the send may have happened). Same per-chat lock as the coalescer.
--- Returns the messages folded in; none means the intent is recorded.
-CREATE OR REPLACE FUNCTION chatq_before_send(p_job uuid, p_chat_key text, p_text text, p_attempt integer, p_fold boolean)
+-- Returns the job's messages, all of them in platform order, when it folded some in; none
+-- means the intent is recorded.
+DROP FUNCTION IF EXISTS chatq_before_send(uuid, text, text, integer, boolean);
+CREATE OR REPLACE FUNCTION chatq_before_send(
+    p_job uuid, p_chat_key text, p_text text, p_attempt integer, p_fold boolean, p_max_messages integer,
+    p_max_chars integer
+)
 RETURNS TABLE (pos bigint, operation_id uuid, message_id text, text text, sent_at timestamptz,
                received_at timestamptz)
 LANGUAGE plpgsql AS $$
@@ -208,6 +210,8 @@ LANGUAGE plpgsql AS $$
 DECLARE
     w uuid;
     ids uuid[] := '{}';
+    n integer;
+    chars bigint;
 BEGIN
     IF p_fold THEN
         PERFORM pg_advisory_xact_lock(hashtextextended(p_chat_key, 0));
@@ -215,6 +219,19 @@ BEGIN
             AND NOT chatq_earlier_in_transit(cw.platform, cw.account_id, cw.chat_id, cw.last_at)
         FOR UPDATE;
         IF FOUND THEN
+            -- Only while the job stays within what one job carries; past it, the window
+            -- is the chat's next job.
+            SELECT count(*), coalesce(sum(length(o.text)), 0) INTO n, chars
+            FROM reply_jobs r CROSS JOIN LATERAL unnest(r.operation_ids) AS x(id) JOIN operations o ON o.id = x.id
+            WHERE r.id = p_job;
+            SELECT n + count(*), chars + coalesce(sum(length(o.text)), 0) INTO n, chars
+            FROM window_messages wm JOIN operations o ON o.id = wm.operation_id
+            WHERE wm.window_id = w;
+            IF n > p_max_messages OR chars > p_max_chars THEN
+                w := NULL;
+            END IF;
+        END IF;
+        IF w IS NOT NULL THEN
             WITH del AS (DELETE FROM window_messages wm WHERE wm.window_id = w RETURNING wm.operation_id)
             SELECT coalesce(array_agg(del.operation_id), '{}') INTO ids FROM del;
             DELETE FROM chat_windows WHERE id = w;
@@ -227,9 +244,11 @@ BEGIN
     END IF;
     IF cardinality(ids) > 0 THEN
         UPDATE reply_jobs SET operation_ids = operation_ids || ids, folded = folded + 1, updated_at = now()
-        WHERE id = p_job;
+        WHERE id = p_job
+        RETURNING operation_ids INTO ids;
         UPDATE operations SET job_id = p_job, status = 'replying', updated_at = now()
         WHERE id = ANY(ids) AND status = ANY(chatq_operation_sources('replying'));
+        -- Every message of the grown job, in platform order.
         RETURN QUERY SELECT m.* FROM chatq_job_messages(ids) m ORDER BY m.pos;
         RETURN;
     END IF;
@@ -249,26 +268,27 @@ END
 $$;
 
 -- Record a reply on the platform: the job, its delivery, the operations it covers and the
--- chat's last answered message move together. Returns when it was sent and when each
--- operation it newly replied to was received (for the receipt-to-reply histogram). Then
--- releases the job's session lock (p_lock_key): the job is final once this commits, and a
--- copy that takes the lock before the commit waits on the job's row, then skips it.
-CREATE OR REPLACE FUNCTION chatq_record_sent(
-    p_job uuid, p_text text, p_platform_message_id text, p_last_sent_at timestamptz, p_last_message_id text,
-    p_lock_key bigint
-) RETURNS TABLE (sent_at timestamptz, received_ats timestamptz[])
+-- chat's last answered message (the latest of them in platform order) move together.
+-- Returns when it was sent and when each operation it newly replied to was received (for
+-- the receipt-to-reply histogram). Then releases the job's session lock (p_lock_key): the
+-- job is final once this commits, and a copy that takes the lock before the commit waits
+-- on the job's row, then skips it.
+DROP FUNCTION IF EXISTS chatq_record_sent(uuid, text, text, timestamptz, text, bigint);
+CREATE OR REPLACE FUNCTION chatq_record_sent(p_job uuid, p_text text, p_platform_message_id text, p_lock_key bigint)
+RETURNS TABLE (sent_at timestamptz, received_ats timestamptz[])
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
     j record;
+    o record;
     v uuid;
-    recv_at timestamptz;
     received timestamptz[] := '{}';
+    latest chatq_order;
 BEGIN
     UPDATE reply_jobs r SET status = 'sent', reply_text = p_text, platform_message_id = p_platform_message_id,
            sent_at = clock_timestamp(), error_kind = NULL, error_message = NULL, updated_at = now()
     WHERE r.id = p_job AND r.status IN ('pending', 'processing')
-    RETURNING r.sent_at AS at, r.chat_key, r.operation_ids INTO j;
+    RETURNING r.sent_at AS at, r.chat_key, r.platform, r.operation_ids INTO j;
     IF NOT FOUND THEN
         RAISE EXCEPTION 'job % is not in flight: a reply cannot be recorded for it', p_job
             USING ERRCODE = 'check_violation';
@@ -276,16 +296,22 @@ BEGIN
     UPDATE deliveries d SET status = 'sent', platform_message_id = p_platform_message_id, finished_at = j.at,
            error = NULL
     WHERE d.job_id = p_job;
-    PERFORM chatq_advance_last_answered(j.chat_key, p_last_sent_at, p_last_message_id, j.at, p_job);
     -- One key lookup per operation (see chatq_claim on plans over arrays of keys).
     FOREACH v IN ARRAY j.operation_ids LOOP
-        UPDATE operations o SET status = 'replied', status_reason = NULL, job_id = p_job, updated_at = j.at
-        WHERE o.id = v AND o.status IN ('accepted', 'queued', 'waiting', 'replying')
-        RETURNING o.received_at INTO recv_at;
+        UPDATE operations x SET status = 'replied', status_reason = NULL, job_id = p_job, updated_at = j.at
+        WHERE x.id = v AND x.status IN ('accepted', 'queued', 'waiting', 'replying')
+        RETURNING x.sent_at, x.message_id, x.received_at INTO o;
         IF FOUND THEN
-            received := received || recv_at;
+            received := received || o.received_at;
+            IF latest IS NULL OR latest < chatq_order(j.platform, o.sent_at, o.message_id, o.received_at) THEN
+                latest := chatq_order(j.platform, o.sent_at, o.message_id, o.received_at);
+            END IF;
         END IF;
     END LOOP;
+    IF latest IS NOT NULL THEN
+        PERFORM chatq_advance_last_answered(j.chat_key, j.platform, latest.sent_at, latest.message_id,
+                                            latest.received_at, j.at, p_job);
+    END IF;
     PERFORM pg_advisory_unlock(p_lock_key);
     RETURN QUERY SELECT j.at, received;
 END

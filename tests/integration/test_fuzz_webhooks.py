@@ -32,7 +32,15 @@ json_values = st.recursive(
     ),
     max_leaves=30,
 )
-ids = st.integers(-(2**63), 2**63) | st.text(max_size=20) | st.none()
+ids = (
+    st.integers(-(2**63), 2**63)
+    | st.text(max_size=20)
+    | st.none()
+    # Ids no platform has: integers of thousands of digits, strings longer than an index
+    # entry can hold (the receiver must answer 4xx, never 500).
+    | st.integers(10**4000, 10**4250)
+    | st.text(min_size=257, max_size=20_000)
+)
 telegram_like = st.fixed_dictionaries(
     {"update_id": ids},
     optional={
@@ -91,6 +99,20 @@ bodies = {
     "generic": generic_like | json_values,
 }
 RAW = st.binary(max_size=300)
+# Valid JSON with an integer longer than Python reads by default (4,300 digits), in the
+# places an id goes.
+HUGE = st.builds(
+    lambda template, digits: template.replace("N", "9" * digits).encode(),
+    st.sampled_from(
+        [
+            '{"update_id": N, "message": {"message_id": 1, "date": 1, "chat": {"id": 1, "type": "private"}}}',
+            '{"update_id": 1, "message": {"message_id": 1, "date": 1, "chat": {"id": N, "type": "private"}, "text": "hi"}}',
+            '{"payload": {"type": "message", "value": {"id": "m", "chat_id": "c", "user_id": N, "author_id": 1, "type": "text"}}}',
+            '{"account_id": N, "chat_id": "c", "message_id": "m", "text": "hi", "sent_at": "2026-01-01T00:00:00Z"}',
+        ]
+    ),
+    st.integers(4301, 8000),
+)
 
 CASES: dict[str, int] = {"2xx": 0, "4xx": 0}
 
@@ -157,7 +179,7 @@ def generated(strategy: st.SearchStrategy[Any], n: int) -> list[bytes]:
 async def test_generated_webhook_bodies_get_a_2xx_or_a_json_4xx_and_a_4xx_writes_nothing(
     platform: str, settings, pool: asyncpg.Pool
 ) -> None:
-    cases = generated(bodies[platform], 250) + generated(RAW, 50)
+    cases = generated(bodies[platform], 250) + generated(RAW, 50) + generated(HUGE, 20)
     async with running_receiver(replace(settings, relay_enabled=False)) as (_, client):
         for n, body in enumerate(cases):
             await _check(client, pool, platform, body, n)

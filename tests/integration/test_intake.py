@@ -131,10 +131,13 @@ async def test_unknown_telegram_update_kinds_get_200_and_are_stored_as_ignored(
         r3 = await client.post("/v1/webhooks/telegram", json=callback, headers=TG)
     assert [r.status_code for r in (r1, r2, r3)] == [200, 200, 200]
     assert r3.json()["duplicate"] is True
-    rows = await pool.fetch("SELECT event_id, status, status_reason FROM operations ORDER BY event_id")
+    rows = await pool.fetch(
+        "SELECT event_id, message_id, status, status_reason FROM operations ORDER BY event_id NULLS LAST"
+    )
+    # An update without a message is keyed by its update_id; a message by (chat, message id).
     assert [tuple(r) for r in rows] == [
-        ("900", "ignored", "update kind callback_query is not answered"),
-        ("901", "ignored", "unsupported message type (sticker)"),
+        ("900", None, "ignored", "update kind callback_query is not answered"),
+        (None, "901", "ignored", "unsupported message type (sticker)"),
     ]
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
 

@@ -139,7 +139,10 @@ async def test_a_message_older_than_the_chats_last_answered_one_is_answered_in_t
     answered = await operation(pool, "5", at=T0 + timedelta(seconds=5), status="replied")
     sent = await job(pool, [answered], status="sent")
     await pool.execute(
-        "SELECT chatq_advance_last_answered($1, $2, '5', now(), $3)", CHAT, T0 + timedelta(seconds=5), sent
+        "SELECT chatq_advance_last_answered($1, 'telegram', $2, '5', $2, now(), $3)",
+        CHAT,
+        T0 + timedelta(seconds=5),
+        sent,
     )
     late = await operation(pool, "4", at=T0 + timedelta(seconds=4))
     new = await operation(pool, "6", at=T0 + timedelta(seconds=6))
@@ -306,7 +309,9 @@ async def test_a_claim_brings_the_chats_earlier_turns_oldest_first(pool):
         sent,
         T0 + timedelta(seconds=2),
     )
-    await pool.execute("SELECT chatq_advance_last_answered($1, $2, '1', $3, $4)", CHAT, T0, T0, sent)
+    await pool.execute(
+        "SELECT chatq_advance_last_answered($1, 'telegram', $2, '1', $2, $3, $4)", CHAT, T0, T0, sent
+    )
     now = await operation(pool, "2", at=T0 + timedelta(seconds=10))
     job_id = await job(pool, [now])
 

@@ -11,16 +11,26 @@ from tests.support.payloads import avito_webhook, generic_message, telegram_upda
 pytestmark = pytest.mark.unit
 
 
-def test_a_telegram_text_message_becomes_an_answerable_intake() -> None:
+def test_a_telegram_text_message_becomes_an_answerable_intake_keyed_by_chat_and_message_only() -> None:
+    # Not by update_id: Telegram may hand out update_ids again after a week of silence.
     intake = telegram.normalise(telegram_update(10, chat_id=5, message_id=3, text="Hi"), "{}", "4242")
     assert (intake.account_id, intake.event_id, intake.chat_id, intake.message_id, intake.text) == (
         "4242",
-        "10",
+        None,
         "5",
         "3",
         "Hi",
     )
     assert intake.ignored_reason is None
+
+
+def test_a_telegram_update_without_a_message_is_keyed_by_its_update_id() -> None:
+    intake = telegram.normalise({"update_id": 11, "callback_query": {"id": "q"}}, "{}", "4242")
+    assert (intake.event_id, intake.chat_id, intake.ignored_reason) == (
+        "11",
+        None,
+        "update kind callback_query is not answered",
+    )
 
 
 @pytest.mark.parametrize(

@@ -5,9 +5,8 @@ as ``{account_id, chat_id, message_id, author_id, text, sent_at}``. The signatur
 from __future__ import annotations
 
 import binascii
-from datetime import datetime
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from ..errors import ApiError
@@ -22,7 +21,8 @@ class GenericMessage(BaseModel):
     message_id: str = Field(min_length=1, max_length=200)
     author_id: str | None = Field(default=None, max_length=200)
     text: str = Field(min_length=1)
-    sent_at: datetime
+    #: With a time zone (a naive time would be read in whatever zone the host is in).
+    sent_at: AwareDatetime
 
     @field_validator("account_id", "chat_id", "message_id", "author_id", mode="before")
     @classmethod

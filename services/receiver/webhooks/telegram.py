@@ -1,5 +1,6 @@
 """Telegram Bot API webhooks: ``X-Telegram-Bot-Api-Secret-Token`` authenticates the call
-(Telegram has no body signature); ``update_id`` and (chat.id, message_id) deduplicate."""
+(Telegram has no body signature). A message is deduplicated by (chat.id, message_id);
+an update that carries no message by its ``update_id``."""
 
 from __future__ import annotations
 
@@ -89,12 +90,13 @@ def normalise(data: object, raw: str, account_id: str) -> Intake:
         update = TelegramUpdate.model_validate(data)
     except ValidationError as exc:
         raise ApiError(422, "invalid_payload", "not a Telegram Update", details=_errors(exc)) from None
-    event_id = str(update.update_id)
     message = update.message
     if message is None:
         kind = next((k for k in _KNOWN_KINDS if k in (data if isinstance(data, dict) else {})), None)
         reason = f"update kind {kind} is not answered" if kind else "update carries no message"
-        return Intake("telegram", account_id, event_id, None, None, None, None, None, raw, reason)
+        return Intake(
+            "telegram", account_id, str(update.update_id), None, None, None, None, None, raw, reason
+        )
     chat_id = str(message.chat.id)
     message_id = str(message.message_id)
     author = message.from_
@@ -109,8 +111,11 @@ def normalise(data: object, raw: str, account_id: str) -> Intake:
         reason = f"unsupported message type ({kind})"
     elif not message.text.strip():
         reason = "empty message"
+    # A message is deduplicated by (chat, message id) alone, never by update_id: Telegram
+    # may hand out update_ids again after a week without updates, and a repeated update_id
+    # must never drop a different message.
     return Intake(
-        "telegram", account_id, event_id, chat_id, message_id, author_id, message.text, sent_at, raw, reason
+        "telegram", account_id, None, chat_id, message_id, author_id, message.text, sent_at, raw, reason
     )
 
 
