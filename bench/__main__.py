@@ -3,7 +3,8 @@ figure next to its reference measured in the same run, the ratio, and the goal.
 
 Runs, in order, each as its own process writing bench/results/<name>.json: bench.intake
 (receiver vs pgbench), bench.relay (relay vs raw aio-pika publisher), bench.responder
-(responder vs bare consumer), bench.coalescer (100,000 open windows), bench.pipeline
+(responder vs bare consumer), bench.coalescer (100,000 open windows), bench.blocked
+(10,000 chats behind a job in flight, the scheduler before and after), bench.pipeline
 (end to end: chatqueue, Celery, Postgres polling table). The table and every figure go
 to bench/results/bench.json. Machines are shared and noisy: read the ratios.
 """
@@ -24,6 +25,7 @@ STEPS = {
     "relay": ["bench.relay"],
     "responder": ["bench.responder"],
     "coalescer": ["bench.coalescer", "--open", "100000", "--due", "10000"],
+    "blocked": ["bench.blocked", "--chats", "10000"],
     "pipeline": ["bench.pipeline"],
 }
 
@@ -73,6 +75,17 @@ def rows() -> list[dict[str, Any]]:
     if coalescer:
         row("coalescer", "emission lag p99, 100,000 open windows", coalescer["lag_p99_ms"], "", None,
             "p99 <= 1 s", coalescer["lag_p99_ms"] <= 1000, "ms")  # fmt: skip
+    blocked = load("blocked.json")
+    if blocked:
+        row("coalescer", f"claim query, {blocked['chats']:,} chats blocked by a job in flight", blocked["after_claim_ms"],
+            "the same query before (anti-join scan)", blocked["before_claim_ms"], "ratio <= 0.1",
+            blocked["after_claim_ms"] <= 0.1 * blocked["before_claim_ms"], "ms")  # fmt: skip
+        row("coalescer", "idle scheduler CPU with them (process + Postgres)", blocked["after_cpu_share"] * 100,
+            "the same before", blocked["before_cpu_share"] * 100, "(context)", None, "% core")  # fmt: skip
+        row("coalescer", f"scheduler + filing CPU at {blocked['rate']:g} msg/s of new chats, with them",
+            blocked["after_loaded_cpu_share"] * 100, "the same before", blocked["before_loaded_cpu_share"] * 100,
+            "ratio <= 0.5", blocked["after_loaded_cpu_share"] <= 0.5 * blocked["before_loaded_cpu_share"],
+            "% core")  # fmt: skip
     pipe = load("pipeline.json")
     if pipe and "chatqueue" in pipe:
         cq = pipe["chatqueue"]

@@ -13,6 +13,8 @@ from urllib.parse import unquote, urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.messages import JobCaps
+
 LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/chatqueue"
 LOCAL_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
 
@@ -123,6 +125,9 @@ class Settings(BaseSettings):
     coalescer_prefetch: int = Field(default=50, ge=1, le=5000)
     coalescer_poll_seconds: float = Field(default=0.5, gt=0)
     coalescer_batch_size: int = Field(default=200, ge=1, le=5000)
+    # The most one reply job carries; the rest of a window waits for the chat's next job.
+    job_max_messages: int = Field(default=50, ge=1, le=1000)
+    job_max_text_chars: int = Field(default=8000, ge=100, le=1_000_000)
 
     # Responder
     retry_delays_seconds: str = "1,10,60,300"
@@ -151,7 +156,6 @@ class Settings(BaseSettings):
 
     # Intake
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
-    generic_timestamp_tolerance_seconds: int = Field(default=300, ge=1)
 
     # Relay
     relay_enabled: bool = True
@@ -277,3 +281,6 @@ class Settings(BaseSettings):
         if self.telegram_bot_token is None:
             return "bot"
         return self.telegram_bot_token.get_secret_value().split(":", 1)[0] or "bot"
+
+    def job_caps(self) -> JobCaps:
+        return JobCaps(messages=self.job_max_messages, chars=self.job_max_text_chars)

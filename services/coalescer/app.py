@@ -61,6 +61,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             http,
         ),
         owner=settings.review_owner,
+        caps=settings.job_caps(),
     )
     consumer = Consumer(
         consume_broker,

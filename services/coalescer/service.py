@@ -15,7 +15,7 @@ import random
 import uuid
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime, timedelta
 
 import asyncpg
 from aio_pika.abc import AbstractIncomingMessage
@@ -27,7 +27,7 @@ from shared.alerts import Alerter
 from shared.broker.consumer import Reject
 from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE
 from shared.faults import fault_point
-from shared.messages import InboundMessage, JobMessage, ReplyJob
+from shared.messages import InboundMessage, JobCaps, JobMessage, ReplyJob
 from shared.outbox import OutboxMessage, enqueue_many
 from shared.state import operation as operation_state
 
@@ -71,12 +71,15 @@ UPDATE operations SET status = 'waiting', updated_at = now()
 WHERE id = $2 AND status IN ('accepted', 'queued')
 """
 
+# A window opened while its chat has a reply job in flight is blocked until that job ends
+# (the chat's lock, held here, serialises this with the job's end: 40_windows.sql).
 _FILE_OPENING = (
     """
 WITH w AS (
     INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
-                              deadline_at, due_at, delay_seconds, message_count)
-    VALUES ($1, $6, $7, $8, $9, 'open', $10, $3, $11, $4, $12, $5)
+                              deadline_at, due_at, delay_seconds, message_count, blocked)
+    VALUES ($1, $6, $7, $8, $9, 'open', $10, $3, $11, $4, $12, $5,
+            EXISTS (SELECT 1 FROM reply_jobs j WHERE j.chat_key = $6 AND j.status IN ('pending', 'processing')))
     RETURNING id
 )
 """
@@ -92,57 +95,44 @@ WITH w AS (
     + _FILED
 )
 
-# A window may close when it is due, no job of its chat is in flight, and no message of
-# its chat received before the window's last one is still in transit (the SQL function
-# says why; the responder's fold-in waits for the same).
-_EMITTABLE = """
-  AND NOT EXISTS (
-      SELECT 1 FROM reply_jobs j
-      WHERE j.chat_key = w.chat_key AND j.status IN ('pending', 'processing'))
-  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
-"""
-
-_CLAIM_DUE = (
-    """
+# A window may close when it is due, not blocked (no job of its chat in flight: the
+# ready-windows index holds only these), and no message of its chat received before the
+# window's last one is still in transit (the SQL function says why; the responder's
+# fold-in waits for the same). Blocked windows are never scanned.
+_CLAIM_DUE = """
 SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
 FROM chat_windows w
-WHERE w.status = 'open'
+WHERE w.status = 'open' AND NOT w.blocked
   AND w.due_at <= clock_timestamp()
-"""
-    + _EMITTABLE
-    + """
+  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
 ORDER BY w.due_at
 LIMIT $1
 FOR UPDATE OF w SKIP LOCKED
 """
-)
 
-# The claim's anti-join must probe reply_jobs_one_in_flight. A plan cached while
-# reply_jobs was empty would scan it instead, and keep doing so as jobs pile up (say,
-# while the responder is down): plan the two scheduler queries afresh each time.
-_CUSTOM_PLANS = "SET LOCAL plan_cache_mode = force_custom_plan"
-
-_NEXT_DUE = (
-    """
+_NEXT_DUE = """
 SELECT extract(epoch FROM w.due_at - clock_timestamp())::float8
 FROM chat_windows w
-WHERE w.status = 'open'
-"""
-    + _EMITTABLE
-    + """
+WHERE w.status = 'open' AND NOT w.blocked
+  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
 ORDER BY w.due_at
 LIMIT 1
 """
-)
 
-# Platform order: the platform's timestamp, then its message id (numeric ids compare by
-# length first), then our receipt time.
+# The windows' messages in platform order (chatq_order), with each one's running count
+# and text length, for the cap on what one job carries.
 _WINDOW_MESSAGES = """
-SELECT wm.window_id, o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at
+SELECT wm.window_id, o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at,
+       row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars
 FROM window_messages wm JOIN operations o ON o.id = wm.operation_id
 WHERE wm.window_id = ANY($1::uuid[])
-ORDER BY wm.window_id, o.sent_at, length(o.message_id), o.message_id, o.received_at
+WINDOW w AS (PARTITION BY wm.window_id ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
+ORDER BY wm.window_id, n
 """
+
+#: SQLSTATE classes of errors that belong to one window's data (a constraint it breaks, a
+#: value it holds), not to the database or the connection: that window is set aside.
+_DATA_ERRORS = ("22", "23")
 
 
 class KeyedLocks:
@@ -176,6 +166,7 @@ class Coalescer:
         on_jobs_emitted: Callable[[], None] = lambda: None,
         alerter: Alerter | None = None,
         owner: str = "on-call",
+        caps: JobCaps | None = None,
     ) -> None:
         self._pool = pool
         self._policy = policy
@@ -183,7 +174,10 @@ class Coalescer:
         self._owner = owner
         self._draw = draw or random.SystemRandom().random
         self._on_jobs_emitted = on_jobs_emitted
+        self._caps = caps or JobCaps()
         self._wake = asyncio.Event()
+        #: When the scheduler looks again unless woken (None: now, or it is backing off).
+        self._sleep_until: datetime | None = None
         self._stopping = False
         self._chat_locks = KeyedLocks()
 
@@ -200,7 +194,9 @@ class Coalescer:
         async with self._chat_locks.hold(inbound.chat_key):
             filed = await self.file(inbound)
         fault_point("coalescer.after_commit")
-        if filed is not None:
+        # Wake the scheduler only for a window due before it means to look again (a burst
+        # of messages pushing their windows out does not spin it).
+        if filed is not None and (self._sleep_until is None or filed.due_at < self._sleep_until):
             self._wake.set()
 
     async def file(self, inbound: InboundMessage) -> Filed | None:
@@ -272,31 +268,47 @@ class Coalescer:
     # ---- emitting --------------------------------------------------------------
 
     async def emit_due(self, limit: int = 200) -> int:
-        """Close due windows of chats with no job in flight; for each, write its reply
-        job and the job's outbox row, all in one transaction. Returns jobs emitted."""
+        """Close due, unblocked windows; for each, write its reply job and the job's outbox
+        row, all in one transaction. Returns jobs emitted.
+
+        A window left empty (its messages went to a reply's fold-in or back to a person)
+        closes without a job. A window holding more than one job may carry (JOB_MAX_*)
+        gives the rest of its messages, in order, to the chat's next window. One window
+        whose rows Postgres refuses (a constraint it breaks) is set aside alone: its
+        messages fail with the reason, for a person, and the other windows go out."""
         async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(_CUSTOM_PLANS)
             due = await conn.fetch(_CLAIM_DUE, limit)
             if not due:
                 return 0
             ids = [w["id"] for w in due]
             messages: dict[uuid.UUID, list[JobMessage]] = {i: [] for i in ids}
+            overflow: dict[uuid.UUID, list[uuid.UUID]] = {}
             for m in await conn.fetch(_WINDOW_MESSAGES, ids):
+                if m["n"] > 1 and (m["n"] > self._caps.messages or m["chars"] > self._caps.chars):
+                    overflow.setdefault(m["window_id"], []).append(m["id"])
+                    continue
                 messages[m["window_id"]].append(
                     JobMessage(
                         operation_id=m["id"],
                         message_id=m["message_id"],
                         author_id=m["author_id"],
                         text=m["text"],
-                        sent_at=m["sent_at"] or m["received_at"],
+                        sent_at=m["sent_at"],
                         received_at=m["received_at"],
                     )
                 )
             now: datetime = await conn.fetchval("SELECT clock_timestamp()")
+            empty = [w["id"] for w in due if not messages[w["id"]]]
+            if empty:
+                await conn.execute("DELETE FROM chat_windows WHERE id = ANY($1::uuid[])", empty)
+                logger.info("closed %d empty window(s) without a job", len(empty))
+            # A window past the cap keeps the rest of its messages and stays open (blocked
+            # by this job); the part answered now gets a closed window of its own.
+            parts = {w["id"]: uuid.uuid4() if w["id"] in overflow else w["id"] for w in due}
             jobs = [
                 ReplyJob(
-                    job_id=job_id_for(w["id"]),
-                    window_id=w["id"],
+                    job_id=job_id_for(parts[w["id"]]),
+                    window_id=parts[w["id"]],
                     platform=w["platform"],
                     account_id=w["account_id"],
                     chat_id=w["chat_id"],
@@ -304,68 +316,164 @@ class Coalescer:
                     created_at=now,
                 )
                 for w in due
+                if messages[w["id"]]
             ]
-            await conn.executemany(
-                """
-                INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
-                                        operation_ids, created_at, updated_at)
-                VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $8)
-                """,
-                [
-                    (
-                        j.job_id,
-                        j.window_id,
-                        j.chat_key,
-                        j.platform,
-                        j.account_id,
-                        j.chat_id,
-                        [m.operation_id for m in j.messages],
-                        now,
-                    )
-                    for j in jobs
-                ],
-            )
-            await conn.execute(
-                """
-                UPDATE chat_windows w SET status = 'closed', closed_at = $3, job_id = v.job_id
-                FROM unnest($1::uuid[], $2::uuid[]) AS v(window_id, job_id)
-                WHERE w.id = v.window_id
-                """,
-                ids,
-                [j.job_id for j in jobs],
-                now,
-            )
-            await conn.execute(
-                """
-                UPDATE operations o SET job_id = v.job_id, updated_at = $3
-                FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
-                WHERE o.id = v.operation_id
-                """,
-                [m.operation_id for j in jobs for m in j.messages],
-                [j.job_id for j in jobs for _ in j.messages],
-                now,
-            )
-            await enqueue_many(
-                conn,
-                [
-                    OutboxMessage(
-                        exchange=JOBS_EXCHANGE,
-                        routing_key=JOB_ROUTING_KEY,
-                        message_id=str(j.job_id),
-                        ordering_key=j.chat_key,
-                        body=j.to_bytes(),
-                    )
-                    for j in jobs
-                ],
-            )
+            split = {part: window for window, part in parts.items() if part != window}
+            try:
+                async with conn.transaction():
+                    await self._write_jobs(conn, jobs, split, now)
+            except asyncpg.PostgresError as exc:
+                if (getattr(exc, "sqlstate", None) or "")[:2] not in _DATA_ERRORS:
+                    raise
+                # One window's rows are refused: write them one by one, so that window
+                # alone is set aside and every other chat gets its reply.
+                written = []
+                for job in jobs:
+                    try:
+                        async with conn.transaction():
+                            await self._write_jobs(conn, [job], split, now)
+                        written.append(job)
+                    except asyncpg.PostgresError as one:
+                        if (getattr(one, "sqlstate", None) or "")[:2] not in _DATA_ERRORS:
+                            raise
+                        await self._set_aside(conn, job, one)
+                jobs = written
         fault_point("coalescer.after_emit")
         for w in due:
             EMISSION_LAG.observe(max((now - w["due_at"]).total_seconds(), 0.0))
         JOBS_EMITTED.inc(len(jobs))
         for j in jobs:
             logger.info("emitted job %s for %s with %d message(s)", j.job_id, j.chat_key, len(j.messages))
-        self._on_jobs_emitted()
-        return len(jobs)
+        if split:
+            logger.info(
+                "%d window(s) held more than one job carries: the rest waits for the next job", len(split)
+            )
+        if jobs:
+            self._on_jobs_emitted()
+        return len(due)
+
+    async def _write_jobs(
+        self, conn: asyncpg.Connection, jobs: list[ReplyJob], split: dict[uuid.UUID, uuid.UUID], now: datetime
+    ) -> None:
+        """The jobs, their windows closed, their operations pointed at them, their outbox
+        rows. A job in ``split`` (its window id -> the window it came from) answers part of
+        a window past the cap: its part gets a closed window of its own, and the window it
+        came from stays open with the rest, due now and blocked by this job (never a new
+        open window: filing, under the chat's lock, may be waiting for this one)."""
+        if not jobs:
+            return
+        parts = [j for j in jobs if j.window_id in split]
+        if parts:
+            await conn.execute(
+                """
+                INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                                          deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
+                SELECT v.part, w.chat_key, w.platform, w.account_id, w.chat_id, 'closed', w.first_at, w.last_at,
+                       w.deadline_at, w.due_at, w.delay_seconds, v.kept, $4, v.job_id
+                FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $5::int[]) AS v(part, window_id, job_id, kept)
+                JOIN chat_windows w ON w.id = v.window_id
+                """,
+                [j.window_id for j in parts],
+                [split[j.window_id] for j in parts],
+                [j.job_id for j in parts],
+                now,
+                [len(j.messages) for j in parts],
+            )
+            await conn.execute(
+                """
+                UPDATE window_messages wm SET window_id = v.part
+                FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, part)
+                WHERE wm.operation_id = v.operation_id
+                """,
+                [m.operation_id for j in parts for m in j.messages],
+                [j.window_id for j in parts for _ in j.messages],
+            )
+            await conn.execute(
+                """
+                UPDATE chat_windows w SET message_count = w.message_count - v.kept, due_at = $2,
+                       deadline_at = greatest(w.deadline_at, $2), blocked = true
+                FROM unnest($1::uuid[], $3::int[]) AS v(window_id, kept)
+                WHERE w.id = v.window_id
+                """,
+                [split[j.window_id] for j in parts],
+                now,
+                [len(j.messages) for j in parts],
+            )
+        await conn.executemany(
+            """
+            INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
+                                    operation_ids, created_at, updated_at)
+            VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $8)
+            """,
+            [
+                (j.job_id, j.window_id, j.chat_key, j.platform, j.account_id, j.chat_id,
+                 [m.operation_id for m in j.messages], now)
+                for j in jobs
+            ],
+        )  # fmt: skip
+        whole = [j for j in jobs if j.window_id not in split]
+        await conn.execute(
+            """
+            UPDATE chat_windows w SET status = 'closed', closed_at = $3, job_id = v.job_id
+            FROM unnest($1::uuid[], $2::uuid[]) AS v(window_id, job_id)
+            WHERE w.id = v.window_id
+            """,
+            [j.window_id for j in whole],
+            [j.job_id for j in whole],
+            now,
+        )
+        await conn.execute(
+            """
+            UPDATE operations o SET job_id = v.job_id, updated_at = $3
+            FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
+            WHERE o.id = v.operation_id
+            """,
+            [m.operation_id for j in jobs for m in j.messages],
+            [j.job_id for j in jobs for _ in j.messages],
+            now,
+        )
+        await enqueue_many(
+            conn,
+            [
+                OutboxMessage(
+                    exchange=JOBS_EXCHANGE,
+                    routing_key=JOB_ROUTING_KEY,
+                    message_id=str(j.job_id),
+                    ordering_key=j.chat_key,
+                    body=j.to_bytes(),
+                )
+                for j in jobs
+            ],
+        )
+
+    async def _set_aside(self, conn: asyncpg.Connection, job: ReplyJob, error: asyncpg.PostgresError) -> None:
+        """A window Postgres refuses to emit: its messages fail with the reason (a person
+        may retry them) and the window goes, so the chat is not held by it."""
+        reason = f"its window could not be emitted ({type(error).__name__}: {error})"[:500]
+        ids = [m.operation_id for m in job.messages]
+        await conn.execute("DELETE FROM window_messages WHERE operation_id = ANY($1::uuid[])", ids)
+        await conn.execute(
+            "DELETE FROM chat_windows w WHERE w.id = $1 AND NOT EXISTS "
+            "(SELECT 1 FROM window_messages wm WHERE wm.window_id = w.id)",
+            job.window_id,
+        )
+        failed = await conn.fetch(
+            """
+            UPDATE operations SET status = 'failed', status_reason = $2, owner = $3, updated_at = now()
+            WHERE id = ANY($1::uuid[]) AND status = ANY(chatq_operation_sources('failed'))
+            RETURNING id
+            """,
+            ids,
+            reason,
+            self._owner,
+        )
+        metrics.OPERATIONS.labels(outcome="failed").inc(len(failed))
+        logger.error("window %s of %s set aside: %s", job.window_id, job.chat_key, reason)
+        if self._alerter is not None:
+            await self._alerter.announce(
+                "operation.failed",
+                {"operations": [str(r["id"]) for r in failed], "reason": reason, "owner": self._owner},
+            )
 
     def wake(self) -> None:
         self._wake.set()
@@ -375,9 +483,10 @@ class Coalescer:
         self._wake.set()
 
     async def run_scheduler(self, *, poll_seconds: float = 0.5, batch: int = 200) -> None:
-        """Emit windows as they fall due. Sleeps until the next due window (or a wake-up
-        from a newly filed message), and at most ``poll_seconds``, so windows freed by
-        a job that ended elsewhere are seen promptly."""
+        """Emit windows as they fall due. Sleeps until the next due window, at most
+        ``poll_seconds`` (windows a job's end unblocked elsewhere are seen by then). A
+        newly filed message wakes it only when its window falls due before that (see
+        ``handle``). After a failure it backs off, and no filed message cuts that short."""
         backoff = 0.1
         while not self._stopping:
             self._wake.clear()
@@ -390,16 +499,17 @@ class Coalescer:
                 raise
             except Exception as exc:
                 logger.warning("scheduler: %s: %s; retrying in %.1fs", type(exc).__name__, exc, backoff)
-                wait = backoff
+                self._sleep_until = None
+                await asyncio.sleep(backoff)
                 backoff = min(backoff * 2, 5.0)
+                continue
             timeout = poll_seconds if wait is None else min(max(wait, 0.0), poll_seconds)
+            self._sleep_until = datetime.now(UTC) + timedelta(seconds=timeout)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
 
     async def seconds_to_next_due(self) -> float | None:
-        async with self._pool.acquire() as conn, conn.transaction():
-            await conn.execute(_CUSTOM_PLANS)
-            return await conn.fetchval(_NEXT_DUE)
+        return await self._pool.fetchval(_NEXT_DUE)
 
     async def refresh_stats(self) -> int:
         n = await self._pool.fetchval("SELECT count(*) FROM chat_windows WHERE status = 'open'")

@@ -39,9 +39,9 @@ FOR UPDATE OF j SKIP LOCKED
 """
 
 _MESSAGES = """
-SELECT o.id, o.message_id, o.author_id, o.text, coalesce(o.sent_at, o.received_at) AS sent_at, o.received_at
+SELECT o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at
 FROM operations o WHERE o.id = ANY($1::uuid[])
-ORDER BY coalesce(o.sent_at, o.received_at), length(o.message_id), o.message_id, o.received_at
+ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at)
 """
 
 
@@ -52,7 +52,11 @@ class JobSweeper:
         self._batch = batch
 
     async def sweep(self) -> int:
-        """Publish again the stuck jobs nobody holds; returns how many."""
+        """Publish again the stuck jobs nobody holds; returns how many. Also unblock any
+        window whose chat has no job in flight (a backstop for the trigger)."""
+        unblocked = await self._pool.fetchval("SELECT chatq_unblock_orphan_windows()")
+        if unblocked:
+            logger.warning("unblocked %d window(s) whose chat had no job in flight", unblocked)
         async with self._pool.acquire() as conn, conn.transaction():
             if not await conn.fetchval("SELECT pg_try_advisory_xact_lock($1)", SWEEP_LOCK_KEY):
                 return 0

@@ -93,7 +93,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     platforms = build_platforms(settings, client, pool)
     writer = build_writer(settings)
     responder = Responder(
-        JobStore(pool, history=settings.history_messages),
+        JobStore(pool, history=settings.history_messages, caps=settings.job_caps()),
         platforms,
         writer,
         Alerter(
