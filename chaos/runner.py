@@ -332,7 +332,9 @@ SHORT = [
     Scenario("kill -9 at every fault point", fault_points),
     Scenario("RabbitMQ connections cut", broker_cuts),
     Scenario("platform 5xx/429/slow/lost, model errors", platform_faults, llm=True),
-    Scenario("RabbitMQ away, two relays publish their backlogs at once", broker_away_with_backlog, replicas=2),
+    Scenario(
+        "RabbitMQ away, two relays publish their backlogs at once", broker_away_with_backlog, replicas=2
+    ),
     Scenario("sends refused, a person retries after later replies", permanent_failures, person=retry_failed),
     Scenario(
         "outcomes unknown until attempts run out, a person checks",
