@@ -1,10 +1,11 @@
 """``chatq``: the person on call's command line. Talks to the receiver's admin API
 (CHATQ_ADMIN_URL, CHATQ_ADMIN_TOKEN) for status, list, retry, resolve and stats; runs
 migrations and exports the broker topology locally; connects this deployment to
-Telegram and Avito (``connect``).
+Telegram and Avito (``connect``) and checks everything a seller needs (``doctor``).
 
-Exit codes: 0 done; 1 the API or platform refused (not found, not retryable, ...); 2 bad
-usage or a missing setting; 3 the receiver or a platform could not be reached or failed.
+Exit codes: 0 done; 1 the API or platform refused (not found, not retryable, ...), or a
+doctor check failed; 2 bad usage or a missing setting; 3 the receiver or a platform
+could not be reached or failed.
 """
 
 from __future__ import annotations
@@ -211,6 +212,13 @@ def _connect(_: Api | None, args: argparse.Namespace) -> str:
         raise CliError(code, str(exc)) from None
 
 
+def _doctor(_: Api | None, args: argparse.Namespace) -> tuple[str, int]:
+    from shared.doctor import render, run_checks
+
+    checks = asyncio.run(run_checks(args.settings))
+    return render(checks), EXIT_REFUSED if any(c.state == "FAIL" for c in checks) else EXIT_OK
+
+
 def scrub(text: str, secrets: Sequence[str]) -> str:
     """``text`` with every secret replaced by ``***``: nothing chatq prints carries one,
     whatever a platform or library put in a message. (Values under 4 characters would
@@ -268,6 +276,8 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("platform", choices=["telegram", "avito"])
     s.add_argument("--disconnect", action="store_true", help="remove this deployment's webhook instead")
     s.set_defaults(run=_connect, api=False)
+    s = sub.add_parser("doctor", help="check everything buyers' messages need; exit 1 if anything fails")
+    s.set_defaults(run=_doctor, api=False)
     return p
 
 
