@@ -16,6 +16,7 @@ from datetime import UTC, datetime, timedelta
 
 import httpx
 import pytest
+from pydantic import SecretStr
 
 from services.responder.failures import Failure
 from services.responder.platforms.avito import AvitoPlatform, AvitoToken
@@ -41,12 +42,12 @@ AVITO_CODE = ("services/responder/platforms/avito.py", "shared/platform_admin.py
 def settings_for(world: FakeWorld) -> Settings:
     return Settings(
         public_url="https://chat.example.com",
-        telegram_bot_token=TOKEN,
-        telegram_webhook_secret="tg-secret-for-tests",
+        telegram_bot_token=SecretStr(TOKEN),
+        telegram_webhook_secret=SecretStr("tg-secret-for-tests"),
         telegram_api_base=world.url,
         avito_client_id="client-1",
-        avito_client_secret="client-secret",
-        avito_webhook_secret="avito-path-secret-for-tests",
+        avito_client_secret=SecretStr("client-secret"),
+        avito_webhook_secret=SecretStr("avito-path-secret-for-tests"),
         avito_api_base=world.url,
         llm_base_url=f"{world.url}/v1",
         alert_webhook_url=f"{world.url}/alerts",
