@@ -192,3 +192,25 @@ async def test_a_request_the_documents_refuse_gets_the_platforms_error_and_is_re
         "POST /token/",
     ]
     assert world.telegram == [] and world.avito == []
+
+
+async def test_the_fake_avito_chats_answer_in_the_shapes_avitos_documents_give(world: FakeWorld) -> None:
+    # Nothing calls these yet (the reconciliation poll will); their answers are checked now.
+    world.add_avito_chat("777", "u2i-chat-1", unread=True)
+    world.add_avito_chat("777", "u2i-chat-2", unread=False)
+    async with httpx.AsyncClient(base_url=world.url, timeout=5) as client:
+        form = {"grant_type": "client_credentials", "client_id": "a", "client_secret": "b"}
+        token = (await client.post("/token", data=form)).json()["access_token"]
+        auth = {"Authorization": f"Bearer {token}"}
+        await client.post(
+            "/messenger/v1/accounts/777/chats/u2i-chat-1/messages",
+            json={"message": {"text": "Yes"}, "type": "text"},
+            headers=auth,
+        )
+        unread = await client.get("/messenger/v2/accounts/777/chats?unread_only=true&limit=10", headers=auth)
+        chat = await client.get("/messenger/v2/accounts/777/chats/u2i-chat-1", headers=auth)
+        missing = await client.get("/messenger/v2/accounts/777/chats/nope", headers=auth)
+    assert [c["id"] for c in unread.json()["chats"]] == ["u2i-chat-1"]
+    assert chat.json()["last_message"]["content"] == {"text": "Yes"}
+    assert missing.status_code == 404 and missing.json()["error"]["code"] == 404
+    assert world.violations == []
