@@ -25,11 +25,13 @@ class Alerter:
         self._signer = Webhook(secret) if secret else None
         self._client = client
 
-    async def announce(self, event: str, payload: dict[str, Any]) -> None:
+    async def announce(self, event: str, payload: dict[str, Any]) -> str:
+        """Deliver one alert; returns the outcome ("sent", "not_configured", "http_<status>"
+        or the transport error's name), also counted in chatq_alerts_total."""
         if not self._url:
             ALERTS.labels(event=event, outcome="not_configured").inc()
             logger.warning("%s: %s (no ALERT_WEBHOOK_URL configured)", event, payload.get("reason"))
-            return
+            return "not_configured"
         now = datetime.now(UTC)
         subject = payload.get("job_id") or ",".join(payload.get("operations") or ())[:200]
         alert_id = f"{event}:{subject}"
@@ -51,3 +53,4 @@ class Alerter:
         ALERTS.labels(event=event, outcome=outcome).inc()
         if outcome != "sent":
             logger.warning("alert %s could not be delivered (%s)", alert_id, outcome)
+        return outcome

@@ -1,9 +1,11 @@
 """``chatq``: the person on call's command line. Talks to the receiver's admin API
 (CHATQ_ADMIN_URL, CHATQ_ADMIN_TOKEN) for status, list, retry, resolve and stats; runs
-migrations and exports the broker topology locally.
+migrations and exports the broker topology locally; connects this deployment to
+Telegram and Avito (``connect``) and checks everything a seller needs (``doctor``).
 
-Exit codes: 0 done; 1 the API refused (not found, not retryable, ...); 2 bad usage;
-3 the receiver could not be reached or failed.
+Exit codes: 0 done; 1 the API or platform refused (not found, not retryable, ...), or a
+doctor check failed; 2 bad usage or a missing setting; 3 the receiver or a platform
+could not be reached or failed.
 """
 
 from __future__ import annotations
@@ -11,6 +13,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import json
+import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -193,6 +196,39 @@ def _topology(_: Api | None, args: argparse.Namespace) -> str:
     return text.rstrip("\n")
 
 
+def _connect(_: Api | None, args: argparse.Namespace) -> str:
+    from shared.connect import ConnectError, connect_avito, connect_telegram
+
+    connect = connect_telegram if args.platform == "telegram" else connect_avito
+
+    async def run() -> str:
+        async with httpx.AsyncClient(timeout=15) as client:
+            return (await connect(args.settings, client, disconnect=args.disconnect)).text
+
+    try:
+        return asyncio.run(run())
+    except ConnectError as exc:
+        code = {"usage": EXIT_USAGE, "refused": EXIT_REFUSED, "unreachable": EXIT_UNREACHABLE}[exc.kind]
+        raise CliError(code, str(exc)) from None
+
+
+def _doctor(_: Api | None, args: argparse.Namespace) -> tuple[str, int]:
+    from shared.doctor import render, run_checks
+
+    checks = asyncio.run(run_checks(args.settings))
+    return render(checks), EXIT_REFUSED if any(c.state == "FAIL" for c in checks) else EXIT_OK
+
+
+def scrub(text: str, secrets: Sequence[str]) -> str:
+    """``text`` with every secret replaced by ``***``: nothing chatq prints carries one,
+    whatever a platform or library put in a message. (Values under 4 characters would
+    mask unrelated text; the production guards refuse any secret under 16.)"""
+    for secret in sorted(secrets, key=len, reverse=True):
+        if len(secret) >= 4:
+            text = text.replace(secret, "***")
+    return text
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="chatq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
@@ -234,6 +270,14 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--vhost", default="/")
     s.add_argument("--output", "-o")
     s.set_defaults(run=_topology, api=False)
+    s = sub.add_parser(
+        "connect", help="register this deployment's webhook with Telegram or Avito (CHATQ_PUBLIC_URL)"
+    )
+    s.add_argument("platform", choices=["telegram", "avito"])
+    s.add_argument("--disconnect", action="store_true", help="remove this deployment's webhook instead")
+    s.set_defaults(run=_connect, api=False)
+    s = sub.add_parser("doctor", help="check everything buyers' messages need; exit 1 if anything fails")
+    s.set_defaults(run=_doctor, api=False)
     return p
 
 
@@ -241,16 +285,22 @@ def main(argv: Sequence[str] | None = None) -> int:
     from shared.settings import Settings
 
     args = parser().parse_args(argv)
+    # What goes wrong is in the output and the exit code; libraries' own log lines (a broker
+    # client's connection errors, say) would only repeat it.
+    logging.basicConfig(level=logging.CRITICAL, format="chatq: %(message)s")
+    args.settings = Settings()
+    secrets = args.settings.secret_values()
     try:
-        args.settings = Settings()
         api = None
         if args.api:
             token = args.settings.admin_token.get_secret_value() if args.settings.admin_token else None
             api = Api(args.settings.admin_base_url, token)
-        print(args.run(api, args))
-        return EXIT_OK
+        out = args.run(api, args)
+        text, code = (out, EXIT_OK) if isinstance(out, str) else out
+        print(scrub(text, secrets))
+        return code
     except CliError as exc:
-        print(f"chatq: {exc}", file=sys.stderr)
+        print(scrub(f"chatq: {exc}", secrets), file=sys.stderr)
         return exc.code
 
 

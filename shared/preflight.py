@@ -33,7 +33,7 @@ async def _check_postgres(url: str, create: bool) -> str | None:
         return None
     except asyncpg.InvalidCatalogNameError:
         if not create:
-            return f"Postgres answers but the database in {_redact(url)} does not exist"
+            return f"Postgres answers but the database in {redact_url(url)} does not exist"
         parts = urlsplit(url)
         name = parts.path.lstrip("/")
         admin = urlunsplit((parts.scheme, parts.netloc, "/postgres", parts.query, ""))
@@ -47,10 +47,11 @@ async def _check_postgres(url: str, create: bool) -> str | None:
         print(f"created database {name}")
         return None
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
-        return f"Postgres at {_redact(url)} does not answer ({type(exc).__name__}: {exc}). Start it: {START_POSTGRES}"
+        return f"Postgres at {redact_url(url)} does not answer ({type(exc).__name__}: {exc}). Start it: {START_POSTGRES}"
 
 
-def _redact(url: str) -> str:
+def redact_url(url: str) -> str:
+    """The URL without its password (and query): safe to print."""
     parts = urlsplit(url)
     netloc = parts.hostname or ""
     if parts.port:
@@ -109,7 +110,9 @@ def _problems(args: argparse.Namespace) -> list[str]:
         problems.append(pg)
     amqp = urlsplit(args.amqp_url)
     if not _tcp_open(amqp.hostname or "127.0.0.1", amqp.port or 5672):
-        problems.append(f"RabbitMQ at {_redact(args.amqp_url)} does not answer. Start it: {START_RABBITMQ}")
+        problems.append(
+            f"RabbitMQ at {redact_url(args.amqp_url)} does not answer. Start it: {START_RABBITMQ}"
+        )
     elif args.rabbitmq_api_url:
         api = urlsplit(args.rabbitmq_api_url)
         try:
@@ -122,7 +125,7 @@ def _problems(args: argparse.Namespace) -> list[str]:
             ).raise_for_status()
         except httpx.HTTPError as exc:
             problems.append(
-                f"RabbitMQ's management API at {_redact(args.rabbitmq_api_url)} does not answer ({exc}). "
+                f"RabbitMQ's management API at {redact_url(args.rabbitmq_api_url)} does not answer ({exc}). "
                 f"Enable it: {ENABLE_MANAGEMENT}"
             )
     return problems

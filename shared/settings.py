@@ -139,6 +139,10 @@ class Settings(BaseSettings):
     history_messages: int = Field(default=12, ge=0, le=200)
     review_owner: str = "on-call"
 
+    # The deployment's public base URL, as the platforms reach the receiver (HTTPS): what
+    # ``chatq connect`` registers and ``chatq doctor`` compares against.
+    public_url: str | None = None
+
     # Operations
     admin_token: SecretStr | None = None
     # Where the chatq CLI finds the admin API; unset: this machine's ADMIN_PORT, else HTTP_PORT.
@@ -186,6 +190,19 @@ class Settings(BaseSettings):
         raw = v.get_secret_value()
         if not (1 <= len(raw) <= 256) or not all(c.isascii() and (c.isalnum() or c in "_-") for c in raw):
             raise ValueError("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ -")
+        return v
+
+    @field_validator("public_url")
+    @classmethod
+    def _public_url_is_a_base_url(cls, v: str | None) -> str | None:
+        if v is None or not v.strip():
+            return None
+        v = v.strip().rstrip("/")
+        parts = urlsplit(v)
+        if parts.scheme not in ("http", "https") or not parts.hostname or parts.query or parts.fragment:
+            raise ValueError(
+                "PUBLIC_URL must be the deployment's base URL, like https://chat.example.com (no query)"
+            )
         return v
 
     @model_validator(mode="after")
@@ -274,6 +291,21 @@ class Settings(BaseSettings):
         if ":" in host:
             host = f"[{host}]"
         return f"http://{host}:{self.admin_port or self.http_port}"
+
+    def secret_values(self) -> list[str]:
+        """Every secret these settings hold (tokens, secrets, URL passwords), so that what
+        a command prints can be checked for them and masked."""
+        values = [
+            v.get_secret_value()
+            for name in type(self).model_fields
+            if name not in ("database_url", "amqp_url")
+            and isinstance(v := getattr(self, name), SecretStr)
+            and v.get_secret_value()
+        ]
+        for url in (self.database_url.get_secret_value(), self.amqp_url.get_secret_value()):
+            if (password := url_password(url)) and password not in values:
+                values.append(password)
+        return values
 
     @property
     def telegram_account_id(self) -> str:

@@ -61,10 +61,15 @@ def make_settings(infra: Infra, **overrides: Any) -> Settings:
 
 
 @pytest.fixture
-async def world() -> AsyncIterator[FakeWorld]:
-    """The fake platforms, model and alert sink on a local port (tests/fakes)."""
+async def world(request: pytest.FixtureRequest) -> AsyncIterator[FakeWorld]:
+    """The fake platforms, model and alert sink on a local port (tests/fakes). A test
+    whose code sent Telegram or Avito a request their documents do not allow fails here,
+    unless it is marked ``spec_violations_expected`` (it sends bad requests on purpose)."""
     async with running_fakes() as w:
         yield w
+    if w.violations and request.node.get_closest_marker("spec_violations_expected") is None:
+        listed = "\n".join(f"  - {v}" for v in w.violations)
+        pytest.fail(f"requests or answers the platforms' documents do not allow:\n{listed}", pytrace=False)
 
 
 @pytest.fixture

@@ -1,7 +1,22 @@
-"""In-repo fakes of the outside world, one HTTP server: Telegram Bot API, Avito
-(token, send, list messages), an OpenAI-compatible model, a generic reply endpoint and
-an alert sink. They follow ../shared/platforms.md and Avito's OpenAPI shapes, record what
-they receive, and fail on demand.
+"""In-repo fakes of the outside world, one HTTP server: the Telegram Bot API, Avito (token,
+Messenger: send, list messages, chats, webhook subscriptions), an OpenAI-compatible model,
+a generic reply endpoint and an alert sink. They record what they receive and fail on
+demand.
+
+**They cannot lie.** Every Telegram and Avito request is checked against the platforms'
+own reference documents (``tests/fakes/spec.py``, ``../shared/reference``): the method or
+path must exist, parameters and bodies must have the documented fields and types (text
+up to 4096 characters for Telegram, 1000 for Avito). A request the documents do not
+allow gets the platform's error answer and is recorded in ``FakeWorld.violations``; the
+``world`` fixture fails the test that made it unless the test is marked
+``spec_violations_expected``. Every answer the fakes give is checked against the
+documents too (a fake answering a shape the platform never would is recorded the same
+way). Errors have the platforms' shapes: Avito ``{"error": {"code", "message"}}``,
+Telegram ``{"ok": false, "error_code", "description"}`` with Telegram's descriptions.
+
+Accounts: a revoked Telegram token answers 401 "Unauthorized"
+(``FakeWorld.revoke_telegram_token``); an Avito account without the paid Messenger plan
+answers 403 to every Messenger call (``FakeWorld.avito_messenger_plan = False``).
 
 Failure behaviours, queued per target with ``FakeWorld.fail(target, *behaviours)`` and
 used one per call: ``"500"``/``"503"``/``"400"``/``"403"`` (that status), ``"429:N"``
@@ -10,8 +25,9 @@ the client's timeout: the outcome is unknown to the caller), ``"hang"`` (hold pa
 timeout and do nothing: as unknown to the caller, but nothing happened), ``"late:N"``
 (Avito send: hold past the timeout, and do the action N s after the request), ``"slow:N"``
 (answer after N s), ``"quota"`` (LLM: 429 insufficient_quota).
-Targets: telegram.send, avito.send, avito.list, avito.token, generic.send, llm;
-``telegram.send:<chat_id>`` fails only that chat's sends.
+Targets: telegram.send, telegram.webhook (setWebhook, deleteWebhook, getWebhookInfo),
+avito.send, avito.list, avito.token, avito.webhook (subscribe, list, unsubscribe),
+generic.send, llm; ``telegram.send:<chat_id>`` fails only that chat's sends.
 """
 
 from __future__ import annotations
@@ -19,22 +35,94 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import itertools
+import json
 import logging
 import random
 import time
 from collections import defaultdict, deque
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, urlsplit
 
 from fastapi import FastAPI, Request
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 
 from shared.ops_http import OpsServer
+from tests.fakes.spec import AvitoCheck, avito_spec, telegram_form_value, telegram_spec
 from tests.support.processes import free_port
 
 LOST_SECONDS = 3.0  # longer than the platform timeout tests give the responder
+
+#: Telegram's descriptions of the errors the fakes give.
+TELEGRAM_ERRORS = {
+    400: "Bad Request: chat not found",
+    401: "Unauthorized",
+    403: "Forbidden: bot was blocked by the user",
+    404: "Not Found",
+    409: "Conflict: terminated by other getUpdates request; make sure that only one bot instance is running",
+    500: "Internal Server Error",
+    502: "Bad Gateway",
+    503: "Service Unavailable",
+    504: "Gateway Timeout",
+}
+#: Avito's error messages (the examples of its documents' error schemas).
+AVITO_ERRORS = {
+    400: "Bad Request",
+    401: "Unauthorized",
+    402: "Payment required",
+    403: "Forbidden",
+    404: "Not found",
+    429: "Too Many Requests",
+    500: "Error while processing request. Please, contact support",
+    502: "Bad Gateway",
+    503: "Service temporarily unavailable. Please, contact support",
+    504: "Gateway Timeout",
+}
+#: Telegram accepts webhooks only on these ports, and only over HTTPS.
+TELEGRAM_WEBHOOK_PORTS = (443, 80, 88, 8443)
+
+
+@dataclass(frozen=True)
+class Violation:
+    """A request the platform's documents do not allow, or an answer the fake gave that
+    they do not describe."""
+
+    platform: str
+    call: str
+    problems: tuple[str, ...]
+
+    def __str__(self) -> str:
+        return f"{self.platform} {self.call}: " + "; ".join(self.problems)
+
+
+@dataclass(frozen=True)
+class PlatformCall:
+    """One Telegram or Avito request the fakes received: the documented method or
+    operation it was (``None`` when the documents have no such thing), and whether the
+    documents allow it."""
+
+    platform: str
+    name: str | None
+    allowed: bool
+
+
+@dataclass
+class TelegramBot:
+    """What Telegram keeps about one bot: who it is, and its webhook."""
+
+    id: int
+    webhook_url: str = ""
+    secret_token: str | None = None
+    allowed_updates: list[str] | None = None
+    max_connections: int = 40
+    pending_update_count: int = 0
+    last_error_date: int | None = None
+    last_error_message: str | None = None
+
+    @property
+    def user(self) -> dict[str, Any]:
+        return {"id": self.id, "is_bot": True, "first_name": "Shop bot", "username": f"shop{self.id}_bot"}
 
 
 @dataclass
@@ -47,9 +135,24 @@ class FakeWorld:
     llm: list[dict[str, Any]] = field(default_factory=list)
     llm_in_flight: int = 0
     llm_max_in_flight: int = 0
+    llm_models: tuple[str, ...] = ("gpt-4o-mini",)
     alerts: list[dict[str, Any]] = field(default_factory=list)
     avito_tokens: set[str] = field(default_factory=set)
     avito_token_requests: int = 0
+    #: False: the Avito account has no paid Messenger plan; every Messenger call is 403.
+    avito_messenger_plan: bool = True
+    #: The Avito account's webhook subscriptions (URLs), in the order they were made.
+    avito_subscriptions: list[str] = field(default_factory=list)
+    #: (user_id, chat_id) -> the chat as Avito describes it (``add_avito_chat``).
+    avito_chats: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: Telegram bots by token, made on first use.
+    telegram_bots: dict[str, TelegramBot] = field(default_factory=dict)
+    #: Tokens Telegram no longer accepts (revoked in @BotFather): every call is 401.
+    telegram_revoked: set[str] = field(default_factory=set)
+    #: Every Telegram and Avito request, and what the documents say of it.
+    platform_calls: list[PlatformCall] = field(default_factory=list)
+    #: Requests the documents do not allow, and answers they do not describe.
+    violations: list[Violation] = field(default_factory=list)
     #: Actions scheduled to happen later ("late:N") that have not happened yet.
     pending_actions: int = 0
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
@@ -78,12 +181,78 @@ class FakeWorld:
     def expire_avito_tokens(self) -> None:
         self.avito_tokens.clear()
 
+    def telegram_bot(self, token: str) -> TelegramBot:
+        if token not in self.telegram_bots:
+            prefix = token.split(":", 1)[0]
+            self.telegram_bots[token] = TelegramBot(int(prefix) if prefix.isdigit() else 1)
+        return self.telegram_bots[token]
+
+    def revoke_telegram_token(self, token: str) -> None:
+        self.telegram_revoked.add(token)
+
+    def telegram_delivery_failed(self, token: str, message: str, *, at: float | None = None) -> None:
+        """Telegram could not deliver an update to the bot's webhook (as getWebhookInfo
+        then reports it)."""
+        bot = self.telegram_bot(token)
+        bot.last_error_date = int(at if at is not None else time.time())
+        bot.last_error_message = message
+        bot.pending_update_count += 1
+
+    def add_avito_chat(
+        self,
+        user_id: str,
+        chat_id: str,
+        *,
+        title: str = "Bicycle",
+        price: str = "12 000 ₽",
+        unread: bool = True,
+    ) -> None:
+        now = int(time.time())
+        self.avito_chats[(str(user_id), chat_id)] = {
+            "id": chat_id,
+            "created": now,
+            "updated": now,
+            "context": {
+                "type": "item",
+                "value": {
+                    "id": 42,
+                    "title": title,
+                    "price_string": price,
+                    "url": f"https://www.avito.ru/moskva/velosipedy/{chat_id}",
+                },
+            },
+            "users": [{"id": int(user_id), "name": "Seller"}, {"id": 555, "name": "Buyer"}],
+            "unread": unread,
+        }
+
     def replies_to(self, chat_id: str) -> list[str]:
         """Every reply any platform received for this chat, in order."""
         out = [m["text"] for m in self.telegram if str(m["chat_id"]) == chat_id]
         out += [m["text"] for m in self.avito if m["chat_id"] == chat_id]
         out += [m["text"] for m in self.generic if m["chat_id"] == chat_id]
         return out
+
+    def violated(self, platform: str, call: str, problems: list[str]) -> None:
+        self.violations.append(Violation(platform, call, tuple(problems)))
+
+
+def telegram_error(status: int, description: str | None = None, **extra: Any) -> JSONResponse:
+    described = description or TELEGRAM_ERRORS.get(status, f"Error {status}")
+    body = {"ok": False, "error_code": status, "description": described, **extra}
+    return JSONResponse(body, status_code=status)
+
+
+def avito_error(status: int, message: str | None = None, **extra: Any) -> JSONResponse:
+    return JSONResponse(
+        {
+            "error": {
+                "code": status,
+                "message": message or AVITO_ERRORS.get(status, f"Error {status}"),
+                **extra,
+            }
+        },
+        status_code=status,
+    )
 
 
 async def _before(
@@ -101,127 +270,410 @@ async def _before(
     if b.startswith("slow:"):
         await asyncio.sleep(float(b.split(":", 1)[1]))
         return b, None
+    avito = target.startswith("avito.")
     if b.startswith("429"):
         after = int(b.split(":", 1)[1]) if ":" in b else 1
-        body = {
-            "ok": False,
-            "error_code": 429,
-            "description": "Too Many Requests",
-            "parameters": {"retry_after": after},
-        }
-        return b, JSONResponse(body, status_code=429, headers={"retry-after": str(after)})
+        headers = {"retry-after": str(after)}
+        if avito:
+            response = avito_error(429)
+        else:
+            response = telegram_error(
+                429, f"Too Many Requests: retry after {after}", parameters={"retry_after": after}
+            )
+        response.headers.update(headers)
+        return b, response
     if b == "quota":
         body = {"error": {"message": "quota", "type": "insufficient_quota", "code": "insufficient_quota"}}
         return b, JSONResponse(body, status_code=429)
     status = int(b)
-    if target.startswith("avito."):
-        # Avito's error shape (its OpenAPI documents): {"error": {"code", "message"}}.
-        return b, JSONResponse({"error": {"code": status, "message": f"fake {status}"}}, status_code=status)
-    return b, JSONResponse(
-        {"ok": False, "error_code": status, "description": f"fake {status}"}, status_code=status
+    return b, avito_error(status) if avito else telegram_error(status)
+
+
+# --------------------------------------------------------------------------------------
+# Telegram
+
+#: A Bot API method: (world, token, parameters, the fault behaviour drawn for this call).
+TelegramHandler = Callable[[FakeWorld, str, dict[str, Any], str | None], Awaitable[JSONResponse]]
+
+
+def _ok(result: Any, description: str | None = None) -> JSONResponse:
+    body: dict[str, Any] = {"ok": True, "result": result}
+    if description:
+        body["description"] = description
+    return JSONResponse(body)
+
+
+async def _telegram_send(world: FakeWorld, token: str, params: dict[str, Any], b: str | None) -> JSONResponse:
+    message_id = next(world.ids)
+    world.telegram.append({"chat_id": params["chat_id"], "text": params["text"], "message_id": message_id})
+    if b == "lost":
+        await asyncio.sleep(LOST_SECONDS)
+    chat = params["chat_id"]
+    return _ok(
+        {
+            "message_id": message_id,
+            "from": world.telegram_bot(token).user,
+            "chat": {"id": chat, "type": "private" if isinstance(chat, int) and chat > 0 else "supergroup"},
+            "date": int(time.time()),
+            "text": params["text"],
+        }
     )
+
+
+async def _telegram_get_me(
+    world: FakeWorld, token: str, params: dict[str, Any], b: str | None
+) -> JSONResponse:
+    return _ok({**world.telegram_bot(token).user, "can_join_groups": True, "supports_inline_queries": False})
+
+
+def _webhook_refusal(url: str) -> str | None:
+    """Telegram's answer to a webhook URL it will not call."""
+    parts = urlsplit(url)
+    if parts.scheme != "https" or not parts.hostname:
+        return "Bad Request: bad webhook: An HTTPS URL must be provided for webhook"
+    try:
+        port = parts.port or 443
+    except ValueError:
+        return "Bad Request: bad webhook: Failed to resolve host: Name or service not known"
+    if port not in TELEGRAM_WEBHOOK_PORTS:
+        return "Bad Request: bad webhook: Webhook can be set up only on ports 80, 88, 443 or 8443"
+    return None
+
+
+async def _telegram_set_webhook(
+    world: FakeWorld, token: str, params: dict[str, Any], b: str | None
+) -> JSONResponse:
+    bot = world.telegram_bot(token)
+    url = params["url"]
+    if url == "":
+        return await _telegram_delete_webhook(world, token, params, b)
+    refusal = _webhook_refusal(url)
+    if refusal:
+        return telegram_error(400, refusal)
+    wanted = (
+        url,
+        params.get("secret_token"),
+        params.get("allowed_updates", bot.allowed_updates),
+        params.get("max_connections", 40),
+    )
+    if wanted == (bot.webhook_url, bot.secret_token, bot.allowed_updates, bot.max_connections):
+        return _ok(True, "Webhook is already set")
+    if url != bot.webhook_url:
+        bot.last_error_date = bot.last_error_message = None
+    bot.webhook_url, bot.secret_token, bot.allowed_updates, bot.max_connections = wanted
+    if params.get("drop_pending_updates"):
+        bot.pending_update_count = 0
+    return _ok(True, "Webhook was set")
+
+
+async def _telegram_delete_webhook(
+    world: FakeWorld, token: str, params: dict[str, Any], b: str | None
+) -> JSONResponse:
+    bot = world.telegram_bot(token)
+    if params.get("drop_pending_updates"):
+        bot.pending_update_count = 0
+    if not bot.webhook_url:
+        return _ok(True, "Webhook is already deleted")
+    bot.webhook_url, bot.secret_token = "", None
+    bot.last_error_date = bot.last_error_message = None
+    return _ok(True, "Webhook was deleted")
+
+
+async def _telegram_webhook_info(
+    world: FakeWorld, token: str, params: dict[str, Any], b: str | None
+) -> JSONResponse:
+    bot = world.telegram_bot(token)
+    info: dict[str, Any] = {
+        "url": bot.webhook_url,
+        "has_custom_certificate": False,
+        "pending_update_count": bot.pending_update_count,
+    }
+    if bot.webhook_url:
+        info["ip_address"] = "203.0.113.10"
+        info["max_connections"] = bot.max_connections
+    if bot.allowed_updates is not None:
+        info["allowed_updates"] = bot.allowed_updates
+    if bot.last_error_date is not None:
+        info["last_error_date"] = bot.last_error_date
+        info["last_error_message"] = bot.last_error_message or ""
+    return _ok(info)
+
+
+#: What the fake implements: method -> (fault target, handler).
+TELEGRAM_METHODS: dict[str, tuple[str | None, TelegramHandler]] = {
+    "sendMessage": ("telegram.send", _telegram_send),
+    "getMe": (None, _telegram_get_me),
+    "setWebhook": ("telegram.webhook", _telegram_set_webhook),
+    "deleteWebhook": ("telegram.webhook", _telegram_delete_webhook),
+    "getWebhookInfo": ("telegram.webhook", _telegram_webhook_info),
+}
+
+
+async def _telegram_params(
+    request: Request, types: Mapping[str, list[str]]
+) -> tuple[dict[str, Any], str | None]:
+    """A call's parameters, from the query string and the body, as the Bot API reads
+    them (JSON, or form values read by each field's type)."""
+    params: dict[str, Any] = {
+        k: telegram_form_value(v, types.get(k, ["String"])) for k, v in request.query_params.items()
+    }
+    body = await request.body()
+    if not body:
+        return params, None
+    ctype = request.headers.get("content-type", "").split(";")[0].strip().lower()
+    if ctype == "application/json":
+        try:
+            data = json.loads(body)
+        except ValueError:
+            return params, "Bad Request: can't parse JSON object"
+        if not isinstance(data, dict):
+            return params, "Bad Request: can't parse JSON object"
+        return {**params, **data}, None
+    if ctype == "application/x-www-form-urlencoded":
+        form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
+        return {
+            **params,
+            **{k: telegram_form_value(v[-1], types.get(k, ["String"])) for k, v in form.items()},
+        }, None
+    return params, f"Bad Request: the fake does not read {ctype or 'untyped'} bodies"
+
+
+def _telegram_refusal(method: str, params: Mapping[str, Any], problems: list[str]) -> str:
+    """Telegram's description for a call the Bot API does not allow: its own words where
+    the fakes know them, else "Bad Request: " and what is wrong."""
+    text = params.get("text")
+    if method == "sendMessage" and "chat_id" not in params:
+        return "Bad Request: chat_id is empty"
+    if method == "sendMessage" and (not isinstance(text, str) or not text):
+        return "Bad Request: message text is empty"
+    if method == "sendMessage" and isinstance(text, str) and len(text) > 4096:
+        return "Bad Request: message is too long"
+    return "Bad Request: " + problems[0]
+
+
+def _telegram_routes(app: FastAPI, world: FakeWorld) -> None:
+    spec = telegram_spec()
+
+    @app.api_route("/bot{token}/{method}", methods=["GET", "POST"])
+    async def telegram(token: str, method: str, request: Request) -> Response:
+        name = spec.method(method)
+        if name is None:
+            params: dict[str, Any] = {}
+            unreadable, problems = None, [f"no method {method!r} in Bot API {spec.version}"]
+        else:
+            params, unreadable = await _telegram_params(request, spec.field_types(name))
+            problems = [unreadable] if unreadable else spec.check_call(name, params)
+        world.platform_calls.append(PlatformCall("telegram", name, not problems))
+        if problems:
+            world.violated("telegram", name or method, problems)
+        # Telegram checks the token first, then the method, then the parameters.
+        if token in world.telegram_revoked:
+            return telegram_error(401)
+        if name is None:
+            return telegram_error(404)
+        if problems:
+            return telegram_error(400, unreadable or _telegram_refusal(name, params, problems))
+        implemented = TELEGRAM_METHODS.get(name)
+        if implemented is None:
+            world.violated("telegram", name, [f"the fake does not implement {name}"])
+            return telegram_error(500)
+        target, handler = implemented
+        b, early = await _before(world, target, str(params.get("chat_id"))) if target else (None, None)
+        response = early or await handler(world, token, params, b)
+        answer_problems = spec.check_answer(name, json.loads(bytes(response.body)))
+        if answer_problems:
+            world.violated("telegram", f"answer to {name}", answer_problems)
+        return response
+
+
+# --------------------------------------------------------------------------------------
+# Avito
+
+#: An Avito operation: (world, the checked request, the fault behaviour drawn for this call).
+AvitoHandler = Callable[[FakeWorld, AvitoCheck, str | None], Awaitable[JSONResponse]]
+
+
+async def _avito_token(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    world.avito_token_requests += 1
+    token = f"tok-{world.avito_token_requests}"
+    world.avito_tokens.add(token)
+    return JSONResponse({"access_token": token, "expires_in": 86400, "token_type": "Bearer"})
+
+
+async def _avito_send(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    user_id, chat_id = str(check.path_params["user_id"]), str(check.path_params["chat_id"])
+    text = check.body["message"]["text"]
+
+    def create() -> dict[str, Any]:
+        message = {
+            "id": f"av-{next(world.ids)}",
+            "user_id": user_id,
+            "chat_id": chat_id,
+            "text": text,
+            "created": int(time.time()),
+        }
+        world.avito.append(message)
+        return message
+
+    if b is not None and b.startswith("late:"):
+        # The send lands N s after the request, while the caller has long timed out.
+        def land() -> None:
+            create()
+            world.pending_actions -= 1
+
+        world.pending_actions += 1
+        asyncio.get_running_loop().call_later(float(b.split(":", 1)[1]), land)
+        await asyncio.sleep(LOST_SECONDS)
+        return avito_error(504)
+    message = create()
+    if b == "lost":
+        await asyncio.sleep(LOST_SECONDS)
+    return JSONResponse(
+        {
+            "id": message["id"],
+            "created": message["created"],
+            "direction": "out",
+            "type": "text",
+            "content": {"text": message["text"]},
+        }
+    )
+
+
+async def _avito_list(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    user_id, chat_id = str(check.path_params["user_id"]), str(check.path_params["chat_id"])
+    items = [
+        {
+            "id": m["id"],
+            "author_id": int(user_id),
+            "created": m["created"],
+            "direction": "out",
+            "type": "text",
+            "content": {"text": m["text"]},
+        }
+        for m in reversed(world.avito)
+        if m["chat_id"] == chat_id and m["user_id"] == user_id
+    ]
+    # A bare array, newest first (Avito's ``Messages`` schema).
+    return JSONResponse(items[: check.query.get("limit", 100)])
+
+
+def _chat(world: FakeWorld, user_id: str, chat: dict[str, Any]) -> dict[str, Any]:
+    out = {k: v for k, v in chat.items() if k != "unread"}
+    sent = [m for m in world.avito if m["user_id"] == user_id and m["chat_id"] == chat["id"]]
+    if sent:
+        last = sent[-1]
+        out["last_message"] = {
+            "id": last["id"],
+            "author_id": int(user_id),
+            "created": last["created"],
+            "direction": "out",
+            "type": "text",
+            "content": {"text": last["text"]},
+        }
+    return out
+
+
+async def _avito_chats(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    user_id = str(check.path_params["user_id"])
+    chats = [
+        c
+        for (owner, _), c in world.avito_chats.items()
+        if owner == user_id and (c["unread"] or not check.query.get("unread_only", False))
+    ]
+    chats.sort(key=lambda c: c["updated"], reverse=True)
+    offset, limit = check.query.get("offset", 0), check.query.get("limit", 100)
+    return JSONResponse({"chats": [_chat(world, user_id, c) for c in chats[offset : offset + limit]]})
+
+
+async def _avito_chat(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    user_id, chat_id = str(check.path_params["user_id"]), str(check.path_params["chat_id"])
+    chat = world.avito_chats.get((user_id, chat_id))
+    if chat is None:
+        return avito_error(404)
+    return JSONResponse(_chat(world, user_id, chat))
+
+
+async def _avito_subscribe(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    url = check.body["url"]
+    if url not in world.avito_subscriptions:
+        world.avito_subscriptions.append(url)
+    return JSONResponse({"ok": True})
+
+
+async def _avito_subscriptions(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    return JSONResponse({"subscriptions": [{"url": u, "version": "3"} for u in world.avito_subscriptions]})
+
+
+async def _avito_unsubscribe(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    with contextlib.suppress(ValueError):
+        world.avito_subscriptions.remove(check.body["url"])
+    return JSONResponse({"ok": True})
+
+
+#: What the fake implements: operationId -> (fault target, handler).
+AVITO_OPERATIONS: dict[str, tuple[str | None, AvitoHandler]] = {
+    "getAccessToken": ("avito.token", _avito_token),
+    "postSendMessage": ("avito.send", _avito_send),
+    "getMessagesV3": ("avito.list", _avito_list),
+    "getChatsV2": (None, _avito_chats),
+    "getChatByIdV2": (None, _avito_chat),
+    "postWebhookV3": ("avito.webhook", _avito_subscribe),
+    "getSubscriptions": ("avito.webhook", _avito_subscriptions),
+    "postWebhookUnsubscribe": ("avito.webhook", _avito_unsubscribe),
+}
+#: Operations that need no access token.
+AVITO_PUBLIC = ("getAccessToken",)
+
+
+def _avito_routes(app: FastAPI, world: FakeWorld) -> None:
+    spec = avito_spec()
+
+    async def avito(request: Request) -> Response:
+        body = await request.body()
+        check = spec.check_request(request.method, request.url.path, request.url.query, request.headers, body)
+        op = check.operation
+        world.platform_calls.append(
+            PlatformCall("avito", op.operation_id if op else None, op is not None and not check.problems)
+        )
+        if op is None:
+            world.violated("avito", f"{request.method} {request.url.path}", check.problems)
+            return avito_error(404)
+        if check.problems:
+            world.violated("avito", op.operation_id, check.problems)
+            if check.unauthenticated:
+                return avito_error(401)
+            return avito_error(400, "Validation error", fields={"request": "; ".join(check.problems)[:500]})
+        implemented = AVITO_OPERATIONS.get(op.operation_id)
+        if implemented is None:
+            world.violated("avito", op.operation_id, [f"the fake does not implement {op.operation_id}"])
+            return avito_error(500)
+        if op.operation_id not in AVITO_PUBLIC:
+            auth = request.headers.get("authorization", "")
+            if not (auth.startswith("Bearer ") and auth[7:] in world.avito_tokens):
+                # An expired or unknown token gives 403 (../shared/platforms.md).
+                return avito_error(403)
+            if not world.avito_messenger_plan:
+                # The account has no paid Messenger plan: Avito refuses the Messenger API.
+                return avito_error(403)
+        target, handler = implemented
+        b, early = await _before(world, target) if target else (None, None)
+        response = early or await handler(world, check, b)
+        answer_problems = spec.check_response(op, response.status_code, json.loads(bytes(response.body)))
+        if answer_problems:
+            world.violated("avito", f"answer to {op.operation_id}", answer_problems)
+        return response
+
+    for prefix in ("/token{rest:path}", "/messenger/{rest:path}"):
+        app.add_api_route(prefix, avito, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
+
+
+# --------------------------------------------------------------------------------------
 
 
 def fake_app(world: FakeWorld) -> FastAPI:
     app = FastAPI()
-
-    @app.post("/bot{token}/sendMessage")
-    async def telegram_send(token: str, request: Request) -> JSONResponse:
-        body = await request.json()
-        b, early = await _before(world, "telegram.send", str(body.get("chat_id")))
-        if early is not None:
-            return early
-        message_id = next(world.ids)
-        world.telegram.append({"chat_id": body["chat_id"], "text": body["text"], "message_id": message_id})
-        if b == "lost":
-            await asyncio.sleep(LOST_SECONDS)
-        return JSONResponse(
-            {"ok": True, "result": {"message_id": message_id, "chat": {"id": body["chat_id"]}}}
-        )
-
-    @app.post("/token/")
-    async def avito_token(request: Request) -> JSONResponse:
-        _b, early = await _before(world, "avito.token")
-        if early is not None:
-            return early
-        form = {k: v[0] for k, v in parse_qs((await request.body()).decode()).items()}
-        if form.get("grant_type") != "client_credentials" or not form.get("client_secret"):
-            return JSONResponse({"error": "invalid_client"}, status_code=400)
-        world.avito_token_requests += 1
-        token = f"tok-{world.avito_token_requests}"
-        world.avito_tokens.add(token)
-        return JSONResponse({"access_token": token, "expires_in": 86400, "token_type": "Bearer"})
-
-    def avito_authorized(request: Request) -> bool:
-        auth = request.headers.get("authorization", "")
-        return auth.startswith("Bearer ") and auth[7:] in world.avito_tokens
-
-    @app.post("/messenger/v1/accounts/{user_id}/chats/{chat_id}/messages")
-    async def avito_send(user_id: str, chat_id: str, request: Request) -> JSONResponse:
-        if not avito_authorized(request):
-            return JSONResponse({"error": {"code": 403, "message": "token expired"}}, status_code=403)
-        b, early = await _before(world, "avito.send")
-        if early is not None:
-            return early
-        body = await request.json()
-        if body.get("type") != "text" or not isinstance(body.get("message", {}).get("text"), str):
-            return JSONResponse({"error": {"code": 400, "message": "bad request"}}, status_code=400)
-
-        def create() -> dict[str, Any]:
-            message = {
-                "id": f"av-{next(world.ids)}",
-                "user_id": user_id,
-                "chat_id": chat_id,
-                "text": body["message"]["text"],
-                "created": int(time.time()),
-            }
-            world.avito.append(message)
-            return message
-
-        if b is not None and b.startswith("late:"):
-            # The send lands N s after the request, while the caller has long timed out.
-            def land() -> None:
-                create()
-                world.pending_actions -= 1
-
-            world.pending_actions += 1
-            asyncio.get_running_loop().call_later(float(b.split(":", 1)[1]), land)
-            await asyncio.sleep(LOST_SECONDS)
-            return JSONResponse({"error": {"code": 504, "message": "fake late"}}, status_code=504)
-        message = create()
-        if b == "lost":
-            await asyncio.sleep(LOST_SECONDS)
-        return JSONResponse(
-            {
-                "id": message["id"],
-                "created": message["created"],
-                "direction": "out",
-                "type": "text",
-                "content": {"text": message["text"]},
-            }
-        )
-
-    @app.get("/messenger/v3/accounts/{user_id}/chats/{chat_id}/messages/")
-    async def avito_list(user_id: str, chat_id: str, request: Request) -> JSONResponse:
-        if not avito_authorized(request):
-            return JSONResponse({"error": {"code": 403, "message": "token expired"}}, status_code=403)
-        _b, early = await _before(world, "avito.list")
-        if early is not None:
-            return early
-        items = [
-            {
-                "id": m["id"],
-                "author_id": int(user_id),
-                "created": m["created"],
-                "direction": "out",
-                "type": "text",
-                "content": {"text": m["text"]},
-            }
-            for m in reversed(world.avito)
-            if m["chat_id"] == chat_id and m["user_id"] == user_id
-        ]
-        # A bare array, newest first (Avito's ``Messages`` schema).
-        return JSONResponse(items[: int(request.query_params.get("limit", 100))])
+    _telegram_routes(app, world)
+    _avito_routes(app, world)
 
     @app.post("/generic/replies")
     async def generic_send(request: Request) -> JSONResponse:
@@ -240,6 +692,17 @@ def fake_app(world: FakeWorld) -> FastAPI:
         if b == "lost":
             await asyncio.sleep(LOST_SECONDS)
         return JSONResponse({"message_id": message_id})
+
+    @app.get("/v1/models")
+    async def llm_models() -> JSONResponse:
+        return JSONResponse(
+            {
+                "object": "list",
+                "data": [
+                    {"id": m, "object": "model", "created": 0, "owned_by": "fake"} for m in world.llm_models
+                ],
+            }
+        )
 
     @app.post("/v1/chat/completions")
     async def llm(request: Request) -> JSONResponse:

@@ -57,7 +57,7 @@ def listing(items: object, status: int = 200) -> AvitoPlatform:
     """Avito with a token endpoint and a message list answering ``items``."""
 
     def handle(request: httpx.Request) -> httpx.Response:
-        if request.url.path == "/token/":
+        if request.url.path == "/token":
             return httpx.Response(
                 200, json={"access_token": "t", "expires_in": 86400, "token_type": "Bearer"}
             )

@@ -252,3 +252,23 @@ def test_the_admin_port_must_differ_from_the_http_port() -> None:
 def test_the_admin_port_comes_from_chatq_admin_port(monkeypatch) -> None:
     monkeypatch.setenv("CHATQ_ADMIN_PORT", "8081")
     assert Settings().admin_port == 8081
+
+
+def test_the_public_url_is_a_base_url_kept_without_its_trailing_slash() -> None:
+    assert Settings(public_url="https://chat.example.com/").public_url == "https://chat.example.com"
+    assert (
+        Settings(public_url="https://shop.example.com/chatq/").public_url == "https://shop.example.com/chatq"
+    )
+    assert Settings(public_url="").public_url is None
+    for wrong in ("chat.example.com", "ftp://chat.example.com", "https://chat.example.com/?a=1"):
+        with pytest.raises(ValidationError, match="PUBLIC_URL"):
+            Settings(public_url=wrong)
+
+
+def test_secret_values_lists_every_secret_and_the_passwords_of_the_urls_but_not_the_urls() -> None:
+    s = Settings(
+        **SERVER_CREDENTIALS, telegram_bot_token="4242:AAE-token", avito_client_secret="avito-secret"
+    )
+    assert sorted(s.secret_values()) == sorted(
+        ["4242:AAE-token", "avito-secret", "Qm7vTz2pLw9xKc4R", "Hs8dJ3kq0PzX5nVb"]
+    )

@@ -101,3 +101,19 @@ def test_an_avito_event_with_an_empty_id_is_stored_without_an_event_id() -> None
     # Found by the fuzzer: an empty id broke the event_id CHECK and answered 500.
     intake = avito.normalise({"id": "", "payload": {"type": "chat_read"}}, "{}")
     assert intake.event_id is None
+
+
+def test_connect_asks_telegram_for_exactly_the_update_kinds_the_receiver_answers() -> None:
+    # chatq connect telegram sends ANSWERED_UPDATES as setWebhook's allowed_updates: a kind
+    # the receiver would only store as ignored must not cost a delivery, and none it
+    # answers may be left out.
+    kinds = ("message", *telegram._KNOWN_KINDS)
+    answered = {
+        kind
+        for kind in kinds
+        if telegram.normalise(
+            {"update_id": 1, kind: telegram_update(1)["message"]}, "{}", "bot"
+        ).ignored_reason
+        is None
+    }
+    assert answered == set(telegram.ANSWERED_UPDATES)

@@ -13,6 +13,10 @@ from ..intake import Intake, epoch_to_datetime
 
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
 
+#: The update kinds ``normalise`` answers: what ``chatq connect telegram`` asks Telegram to
+#: deliver (setWebhook's allowed_updates), so nothing else costs a delivery.
+ANSWERED_UPDATES = ("message",)
+
 #: Update kinds that carry something; only ``message`` with text is answered.
 _KNOWN_KINDS = (
     "edited_message",

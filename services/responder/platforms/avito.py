@@ -27,7 +27,7 @@ class AvitoToken:
     (at most 10 minutes ahead), by one caller at a time; the others wait for it."""
 
     def __init__(self, api_base: str, client_id: str, client_secret: str, client: httpx.AsyncClient) -> None:
-        self._url = f"{api_base.rstrip('/')}/token/"
+        self._url = f"{api_base.rstrip('/')}/token"
         self._form = {
             "grant_type": "client_credentials",
             "client_id": client_id,
