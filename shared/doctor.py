@@ -35,6 +35,7 @@ from shared.platform_admin import (
 )
 from shared.preflight import redact_url
 from shared.settings import GENERATE_HINT, Settings
+from shared.state import account as account_state
 
 State = Literal["ok", "FAIL", "skipped"]
 #: A delivery error Telegram reports this recently means buyers' messages are not arriving.
@@ -86,6 +87,8 @@ async def check_database(settings: Settings) -> list[Check]:
     finally:
         await conn.close()
     reachable = ok("database", f"reachable at {redact_url(url)}")
+    if not missing:
+        return [reachable, ok("migrations", "the schema is current"), *await check_accounts(url)]
     if missing:
         listed = ", ".join(str(m) for m in missing[:8]) + (" …" if len(missing) > 8 else "")
         return [
@@ -97,6 +100,29 @@ async def check_database(settings: Settings) -> list[Check]:
             ),
         ]
     return [reachable, ok("migrations", "the schema is current")]
+
+
+async def check_accounts(url: str) -> list[Check]:
+    """Each platform account the bot may not send on now, with why (the platform refused it:
+    the reason names the fix; a person paused it)."""
+    conn = await asyncpg.connect(url, timeout=5)
+    try:
+        rows = await account_state.paused(conn)
+    finally:
+        await conn.close()
+    if not rows:
+        return [ok("accounts", "no account is paused")]
+    return [
+        fail(
+            f"{r['platform']} account {r['account_id']}",
+            f"paused since {r['state_since']:%Y-%m-%d %H:%M} UTC: {r['state_reason']}",
+            "a probe resumes it once the platform accepts it again (every CHATQ_ACCOUNT_PROBE_SECONDS); "
+            "its replies wait meanwhile, none is lost"
+            if r["state"] == "paused_by_platform"
+            else "a person paused it; resume it when the account may send again",
+        )
+        for r in rows
+    ]
 
 
 async def check_broker(settings: Settings) -> list[Check]:

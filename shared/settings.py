@@ -138,6 +138,8 @@ class Settings(BaseSettings):
     fold_max_rounds: int = Field(default=2, ge=0, le=10)
     history_messages: int = Field(default=12, ge=0, le=200)
     review_owner: str = "on-call"
+    # An account the platform refused as a whole is asked again this often.
+    account_probe_seconds: float = Field(default=60.0, gt=0)
 
     # The deployment's public base URL, as the platforms reach the receiver (HTTPS): what
     # ``chatq connect`` registers and ``chatq doctor`` compares against.

@@ -163,7 +163,13 @@ def _webhook_routes(settings: Settings) -> APIRouter:
         started = time.perf_counter()
         with _rejections("avito"):
             avito.authenticate(avito_secret, secret)
-            data, raw = parse_json(await _json_body(request))
+            # Any content type: Avito checks a subscription's URL with `curl -d '{}'` (form
+            # content type, no payload) and wants a 200 within 2 s.
+            data, raw = parse_json(await request.body())
+            if not avito.has_payload(data):
+                metrics.WEBHOOK_SECONDS.labels(platform="avito").observe(time.perf_counter() - started)
+                metrics.WEBHOOKS.labels(platform="avito", outcome="no_payload").inc()
+                return JSONResponse({"ok": True, "ignored": "no message payload: nothing to store"})
             stored = await accept(request, "avito", avito.normalise(data, raw))
         metrics.WEBHOOK_SECONDS.labels(platform="avito").observe(time.perf_counter() - started)
         return JSONResponse(_ack(stored))

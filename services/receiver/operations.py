@@ -18,6 +18,7 @@ from shared.answered import MARK_ANSWERED
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 from shared.messages import InboundMessage, chat_key
 from shared.outbox import OutboxMessage, enqueue_many
+from shared.state import account as account_state
 from shared.state import operation as operation_state
 from shared.state.operation import OperationStatus
 
@@ -333,9 +334,20 @@ async def collect_stats(pool: asyncpg.Pool) -> dict[str, Any]:
         WHERE o.status = 'replied' AND j.status = 'sent' AND o.received_at > now() - interval '24 hours'
         """
     )
+    accounts = [
+        {
+            "platform": r["platform"],
+            "account_id": r["account_id"],
+            "state": r["state"],
+            "reason": r["state_reason"],
+            "since": _iso(r["state_since"]),
+        }
+        for r in await account_state.paused(pool)
+    ]
     finished = day["replied"] + day["failed"] + day["needs_review"]
     unfinished = [b for s, b in backlog.items() if s in UNFINISHED and b["count"]]
     return {
+        "paused_accounts": accounts,
         "backlog": backlog,
         "oldest_unfinished_age_seconds": max((b["oldest_age_seconds"] for b in unfinished), default=0.0),
         "last_24h": {

@@ -17,7 +17,7 @@ from shared.broker.dead_letters import DeadLetterRecorder
 from shared.broker.publisher import ConfirmingPublisher
 from shared.broker.topology import RESPONDER_DEAD_QUEUE, RESPONDER_QUEUE, build_topology
 from shared.db import create_pool
-from shared.lifecycle import freeze_startup_heap
+from shared.lifecycle import every, freeze_startup_heap
 from shared.migrate import migrate_dsn
 from shared.ops_http import consumer_readiness, ops_server
 from shared.settings import Settings
@@ -51,6 +51,7 @@ def build_platforms(settings: Settings, client: httpx.AsyncClient, pool: asyncpg
             settings.avito_client_id,
             settings.avito_client_secret.get_secret_value(),
             client,
+            pool,
         )
         platforms["avito"] = AvitoPlatform(settings.avito_api_base, token, client, limiter)
     if settings.generic_reply_url:
@@ -103,6 +104,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         ),
         fold_max_rounds=settings.fold_max_rounds,
         review_owner=settings.review_owner,
+        account_probe_seconds=settings.account_probe_seconds,
     )
     consumer = Consumer(
         consume_broker,
@@ -128,6 +130,10 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     freeze_startup_heap()
     consumer_task = asyncio.create_task(consumer.run(), name="consumer")
     dead_task = asyncio.create_task(dead.run(), name="dead-letters")
+    probe_task = asyncio.create_task(
+        every(min(5.0, settings.account_probe_seconds), "account probe", responder.probe_accounts),
+        name="probe",
+    )
     server_task = asyncio.create_task(server.serve(), name="ops-http")
     logger.info(
         "responder running: platforms %s, writer %s, %d job(s) in flight at most",
@@ -150,6 +156,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     for task in (consumer_task, dead_task, server_task):
         with contextlib.suppress(Exception, asyncio.CancelledError):
             await asyncio.wait_for(task, timeout=5)
+    probe_task.cancel()
     stopper.cancel()
     await writer.aclose()
     await client.aclose()

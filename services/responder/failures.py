@@ -5,6 +5,10 @@ the lack of one) means for the job.
   model timeout). A 429's retry-after is kept.
 - permanent: trying again cannot help (other 4xx: bad request, chat gone, bot blocked,
   quota exhausted).
+- account: the platform refuses the account as a whole (a revoked bot token, wrong client
+  credentials, no paid Messenger plan): nothing about this job can fix it. The account
+  is paused and its jobs wait, without spending attempts, until a probe finds the
+  platform accepting it again.
 - unknown: a request that acts (a send) may have reached the platform and acted, and the
   answer does not say: a timeout or reset after the request was sent, or a gateway's 502
   or 504 (the gateway gave up waiting; the platform behind it may have finished). Never
@@ -25,6 +29,7 @@ class Kind(enum.StrEnum):
     TRANSIENT = "transient"
     PERMANENT = "permanent"
     UNKNOWN = "unknown"
+    ACCOUNT = "account"
 
 
 @dataclass

@@ -15,6 +15,7 @@ import uuid
 from collections.abc import Mapping
 
 from aio_pika.abc import AbstractIncomingMessage
+from prometheus_client import Counter
 from pydantic import ValidationError
 
 from shared.alerts import Alerter
@@ -31,6 +32,12 @@ from .platforms.base import Attempts, Platform, SentQuery, TooEarly
 
 logger = logging.getLogger(__name__)
 
+ACCOUNTS_PAUSED = Counter(
+    "chatq_accounts_paused_total",
+    "Platform accounts paused because the platform refused them, by platform.",
+    ["platform"],
+)
+
 
 class Responder:
     def __init__(
@@ -42,6 +49,7 @@ class Responder:
         *,
         fold_max_rounds: int = 2,
         review_owner: str = "on-call",
+        account_probe_seconds: float = 60.0,
     ) -> None:
         self._store = store
         self._platforms = platforms
@@ -49,6 +57,7 @@ class Responder:
         self._alerter = alerter
         self._fold_max_rounds = fold_max_rounds
         self._owner = review_owner
+        self._probe_seconds = account_probe_seconds
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         try:
@@ -74,6 +83,8 @@ class Responder:
         if platform is None:
             await self._give_up(db, job.job_id, "permanent", f"{job.platform} replies are not configured")
             raise Reject(f"{job.platform} replies are not configured in this responder")
+        if job.account_paused is not None:
+            await self._wait_for_account(db, job, job.account_paused)
         if isinstance(state, Reconcile):
             await self._reconcile(db, state, platform, attempt)
         else:
@@ -137,6 +148,9 @@ class Responder:
         raise RetryLater(reason, kind=f"{stage}_{failure.kind}", retry_after=failure.retry_after)
 
     async def _send_failed(self, db: JobSession, job: Job, platform: Platform, failure: Failure) -> None:
+        if failure.kind is Kind.ACCOUNT:
+            await db.record_delivery(job.job_id, DeliveryStatus.NOT_SENT, failure.reason)
+            await self._account_refused(db, job, failure)
         if failure.kind is not Kind.UNKNOWN:
             await db.record_delivery(job.job_id, DeliveryStatus.NOT_SENT, failure.reason)
             await self._failed(db, job, failure, stage=platform.name)
@@ -178,6 +192,8 @@ class Responder:
                     counts=False,
                 ) from None
             except Failure as failure:
+                if failure.kind is Kind.ACCOUNT:
+                    await self._account_refused(db, job, failure)
                 await db.record_retry(job.job_id, "unknown", f"reconciling: {failure.reason}")
                 raise RetryLater(
                     f"reconciling with {platform.name}: {failure.reason}", kind="reconcile"
@@ -195,6 +211,52 @@ class Responder:
             "unknown",
             f"{platform.name} cannot tell whether the reply went out (a send was interrupted)",
         )
+
+    async def _account_refused(self, db: JobSession, job: Job, failure: Failure) -> None:
+        """The platform refused the account as a whole: pause it (one alert, when it was
+        active), and let this job wait with the others."""
+        if await self._store.pause_account(job.platform, job.account_id, failure.reason, self._probe_seconds):
+            logger.warning("%s account %s paused: %s", job.platform, job.account_id, failure.reason)
+            ACCOUNTS_PAUSED.labels(platform=job.platform).inc()
+            await self._alerter.announce(
+                "account.paused",
+                {"platform": job.platform, "account_id": job.account_id, "reason": failure.reason},
+            )
+        await self._wait_for_account(db, job, failure.reason)
+
+    async def _wait_for_account(self, db: JobSession, job: Job, reason: str) -> None:
+        """Nothing may be sent on a paused account: the job waits, without spending an
+        attempt, until a probe resumes the account (``probe_accounts``)."""
+        why = f"waiting: the {job.platform} account is paused: {reason}"
+        await db.record_retry(job.job_id, "account", why)
+        raise RetryLater(why, kind="account_paused", retry_after=self._probe_seconds, counts=False)
+
+    async def probe_accounts(self) -> int:
+        """Ask the platform whether each paused account due for a probe works again; resume
+        the ones it accepts (their jobs go on at their next turn). One replica at a time.
+        Returns how many were resumed."""
+        resumed = 0
+        async with self._store.accounts_to_probe(sorted(self._platforms)) as due:
+            for account in due:
+                platform = self._platforms[account["platform"]]
+                try:
+                    await platform.probe(account["account_id"])
+                except Failure as failure:
+                    reason = failure.reason if failure.kind is Kind.ACCOUNT else account["state_reason"]
+                    await self._store.probe_later(
+                        account["platform"], account["account_id"], reason, self._probe_seconds
+                    )
+                    continue
+                if await self._store.resume_account(account["platform"], account["account_id"]):
+                    resumed += 1
+                    logger.warning(
+                        "%s account %s works again: resumed", account["platform"], account["account_id"]
+                    )
+                    await self._alerter.announce(
+                        "account.resumed",
+                        {"platform": account["platform"], "account_id": account["account_id"]},
+                    )
+        return resumed
 
     async def _give_up(self, db: JobSession | JobStore, job_id: uuid.UUID, kind: str, reason: str) -> None:
         """Give up under the job's lock (see chatq_give_up) and tell a person what changed."""

@@ -25,6 +25,7 @@ from shared import metrics
 from shared.broker.consumer import Reject
 from shared.messages import JobCaps
 from shared.messages import chat_key as make_chat_key
+from shared.state import account as account_state
 from shared.state.job import DeliveryStatus, lock_key
 
 from .llm import Turn
@@ -49,6 +50,8 @@ class Job:
     messages: tuple[Message, ...]
     #: The chat's last turns before this job (buyer messages and our replies), oldest first.
     history: tuple[Turn, ...] = ()
+    #: Why the job's account may not send now (paused), or None.
+    account_paused: str | None = None
 
     @property
     def chat_key(self) -> str:
@@ -119,6 +122,36 @@ class JobStore:
         async with self.exclusive(job_id) as session:
             return await session.give_up(job_id, kind, reason, owner)
 
+    async def pause_account(self, platform: str, account_id: str, reason: str, probe_in: float) -> bool:
+        """The platform refused the account as a whole. True when it was active until now."""
+        async with self._pool.acquire() as conn:
+            return await account_state.pause_by_platform(conn, platform, account_id, reason, probe_in)
+
+    async def resume_account(self, platform: str, account_id: str) -> bool:
+        async with self._pool.acquire() as conn:
+            return await account_state.resume(conn, platform, account_id)
+
+    async def probe_later(self, platform: str, account_id: str, reason: str, probe_in: float) -> None:
+        async with self._pool.acquire() as conn:
+            await account_state.probe_later(conn, platform, account_id, reason, probe_in)
+
+    @contextlib.asynccontextmanager
+    async def accounts_to_probe(self, platforms: list[str]) -> AsyncIterator[list[asyncpg.Record]]:
+        """The paused accounts due for a probe, to one replica at a time (an empty list to
+        the others while it probes)."""
+        async with self._pool.acquire() as conn:
+            if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", PROBE_LOCK_KEY):
+                yield []
+                return
+            try:
+                yield await account_state.due_for_probe(conn, platforms)
+            finally:
+                await conn.execute("SELECT pg_advisory_unlock($1)", PROBE_LOCK_KEY)
+
+
+#: One account prober at a time across responder replicas.
+PROBE_LOCK_KEY = 0x63686174_70726F62  # "chatprob"
+
 
 class JobSession:
     """The job's state changes, on the connection that holds the job. Each is one
@@ -177,7 +210,15 @@ class JobSession:
             Turn(role, text)
             for role, text in zip(row["history_roles"] or (), row["history_texts"] or (), strict=True)
         )
-        job = Job(job_id, row["platform"], row["account_id"], row["chat_id"], messages, history)
+        job = Job(
+            job_id,
+            row["platform"],
+            row["account_id"],
+            row["chat_id"],
+            messages,
+            history,
+            row["account_paused"],
+        )
         if row["outcome"] == "reconcile":
             return Reconcile(
                 job,

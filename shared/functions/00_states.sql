@@ -1,5 +1,5 @@
 -- Generated from shared/state (python -m shared.state): the transition tables of
--- shared/state/operation.py and shared/state/job.py. Do not edit by hand.
+-- shared/state/operation.py, job.py and account.py. Do not edit by hand.
 
 -- operation: the statuses that may move to p_to.
 CREATE OR REPLACE FUNCTION chatq_operation_sources(p_to text) RETURNS text[]
@@ -87,3 +87,29 @@ CREATE OR REPLACE TRIGGER deliveries_status_transition
     BEFORE UPDATE OF status ON deliveries
     FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
     EXECUTE FUNCTION chatq_check_delivery_status();
+
+-- account: the statuses that may move to p_to.
+CREATE OR REPLACE FUNCTION chatq_account_sources(p_to text) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE p_to
+        WHEN 'active' THEN ARRAY['paused_by_platform', 'paused_by_person']::text[]
+        WHEN 'paused_by_platform' THEN ARRAY['active']::text[]
+        WHEN 'paused_by_person' THEN ARRAY['active', 'paused_by_platform']::text[]
+        ELSE '{}'::text[]
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION chatq_check_account_state() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT (OLD.state = ANY(chatq_account_sources(NEW.state))) THEN
+        RAISE EXCEPTION 'account %: state % -> % is not allowed', NEW.account_id, OLD.state, NEW.state
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER accounts_state_transition
+    BEFORE UPDATE OF state ON accounts
+    FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state)
+    EXECUTE FUNCTION chatq_check_account_state();

@@ -33,10 +33,13 @@ $$;
 --              another reply (the job is superseded)
 --   reconcile  a delivery is 'sending' or 'unknown': the reply may be on the platform
 --   claimed    processing; the job holds its messages in reply_coverage
+-- With account_paused: the job's account is paused (why), so nothing may be sent now.
 -- One row. The job's messages (reconcile: all of them; claimed: those it keeps) come as
 -- parallel arrays in platform order, with the chat's last p_history turns before them.
+DROP FUNCTION IF EXISTS chatq_claim(uuid, integer, bigint, integer);
 CREATE OR REPLACE FUNCTION chatq_claim(p_job uuid, p_attempt integer, p_lock_key bigint, p_history integer)
 RETURNS TABLE (outcome text, reason text, platform text, account_id text, chat_id text, chat_key text,
+               account_paused text,
                delivery_status text, delivery_text text, delivery_started_at timestamptz,
                delivery_maybe_since timestamptz, history_roles text[], history_texts text[],
                operation_ids uuid[], message_ids text[], texts text[], sent_ats timestamptz[],
@@ -79,6 +82,9 @@ BEGIN
     account_id := j.account_id;
     chat_id := j.chat_id;
     chat_key := j.ck;
+    -- Why the job's account may not send now (NULL: it may).
+    SELECT a.state_reason INTO account_paused FROM accounts a
+    WHERE a.platform = j.platform AND a.account_id = j.account_id AND a.state <> 'active';
     IF j.status NOT IN ('pending', 'processing') THEN
         outcome := 'skip';
         reason := 'job already ' || j.status;

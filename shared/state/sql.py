@@ -10,16 +10,17 @@ import argparse
 from collections.abc import Sequence
 from pathlib import Path
 
-from . import job, operation
+from . import account, job, operation
 from .machine import Lifecycle
 
 OUTPUT = Path(__file__).resolve().parent.parent / "functions" / "00_states.sql"
 
-#: (SQL name, table, key column, lifecycle)
-TABLES: tuple[tuple[str, str, str, Lifecycle], ...] = (  # type: ignore[type-arg]
-    ("operation", "operations", "id", operation.LIFECYCLE),
-    ("job", "reply_jobs", "id", job.LIFECYCLE),
-    ("delivery", "deliveries", "job_id", job.DELIVERY),
+#: (SQL name, table, key column, status column, lifecycle)
+TABLES: tuple[tuple[str, str, str, str, Lifecycle], ...] = (  # type: ignore[type-arg]
+    ("operation", "operations", "id", "status", operation.LIFECYCLE),
+    ("job", "reply_jobs", "id", "status", job.LIFECYCLE),
+    ("delivery", "deliveries", "job_id", "status", job.DELIVERY),
+    ("account", "accounts", "account_id", "state", account.LIFECYCLE),
 )
 
 
@@ -27,7 +28,7 @@ def _array(values: Sequence[str]) -> str:
     return "ARRAY[" + ", ".join(f"'{v}'" for v in values) + "]::text[]" if values else "'{}'::text[]"
 
 
-def _one(name: str, table: str, key: str, lifecycle: Lifecycle) -> str:  # type: ignore[type-arg]
+def _one(name: str, table: str, key: str, column: str, lifecycle: Lifecycle) -> str:  # type: ignore[type-arg]
     cases = "\n".join(
         f"        WHEN '{s.value}' THEN {_array(lifecycle.sources(s))}"
         for s in lifecycle.states
@@ -43,27 +44,27 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     END
 $$;
 
-CREATE OR REPLACE FUNCTION chatq_check_{name}_status() RETURNS trigger LANGUAGE plpgsql AS $$
+CREATE OR REPLACE FUNCTION chatq_check_{name}_{column}() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    IF NOT (OLD.status = ANY(chatq_{name}_sources(NEW.status))) THEN
-        RAISE EXCEPTION '{lifecycle.aggregate} %: status % -> % is not allowed', NEW.{key}, OLD.status, NEW.status
+    IF NOT (OLD.{column} = ANY(chatq_{name}_sources(NEW.{column}))) THEN
+        RAISE EXCEPTION '{lifecycle.aggregate} %: {column} % -> % is not allowed', NEW.{key}, OLD.{column}, NEW.{column}
             USING ERRCODE = 'check_violation';
     END IF;
     RETURN NEW;
 END
 $$;
 
-CREATE OR REPLACE TRIGGER {table}_status_transition
-    BEFORE UPDATE OF status ON {table}
-    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
-    EXECUTE FUNCTION chatq_check_{name}_status();
+CREATE OR REPLACE TRIGGER {table}_{column}_transition
+    BEFORE UPDATE OF {column} ON {table}
+    FOR EACH ROW WHEN (OLD.{column} IS DISTINCT FROM NEW.{column})
+    EXECUTE FUNCTION chatq_check_{name}_{column}();
 """
 
 
 def render() -> str:
     head = (
         "-- Generated from shared/state (python -m shared.state): the transition tables of\n"
-        "-- shared/state/operation.py and shared/state/job.py. Do not edit by hand.\n"
+        "-- shared/state/operation.py, job.py and account.py. Do not edit by hand.\n"
     )
     return head + "".join(_one(*t) for t in TABLES)
 

@@ -21,7 +21,8 @@ answers 403 to every Messenger call (``FakeWorld.avito_messenger_plan = False``)
 Failure behaviours, queued per target with ``FakeWorld.fail(target, *behaviours)`` and
 used one per call: ``"500"``/``"503"``/``"400"``/``"403"`` (that status), ``"429:N"``
 (rate limited, retry after N s), ``"lost"`` (do the action, then hold the answer past
-the client's timeout: the outcome is unknown to the caller), ``"hang"`` (hold past the
+the client's timeout: the outcome is unknown to the caller), ``"garbage"`` (Avito's token
+endpoint: a 200 that is not JSON), ``"hang"`` (hold past the
 timeout and do nothing: as unknown to the caller, but nothing happened), ``"late:N"``
 (Avito send: hold past the timeout, and do the action N s after the request), ``"slow:N"``
 (answer after N s), ``"quota"`` (LLM: 429 insufficient_quota).
@@ -149,6 +150,8 @@ class FakeWorld:
     telegram_bots: dict[str, TelegramBot] = field(default_factory=dict)
     #: Tokens Telegram no longer accepts (revoked in @BotFather): every call is 401.
     telegram_revoked: set[str] = field(default_factory=set)
+    #: When set, Avito's token endpoint takes only this client secret (else any).
+    avito_client_secret: str | None = None
     #: Every Telegram and Avito request, and what the documents say of it.
     platform_calls: list[PlatformCall] = field(default_factory=list)
     #: Requests the documents do not allow, and answers they do not describe.
@@ -260,7 +263,7 @@ async def _before(
 ) -> tuple[str | None, JSONResponse | None]:
     """Apply a queued behaviour. Returns (behaviour, response to send instead)."""
     b = world.take(target, chat)
-    if b is None or b == "lost" or b.startswith("late:"):
+    if b is None or b in ("lost", "garbage") or b.startswith("late:"):
         return b, None
     if b == "hang":
         # Hold the request past the client's timeout and do nothing: the caller cannot
@@ -493,7 +496,13 @@ def _telegram_routes(app: FastAPI, world: FakeWorld) -> None:
 AvitoHandler = Callable[[FakeWorld, AvitoCheck, str | None], Awaitable[JSONResponse]]
 
 
-async def _avito_token(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+async def _avito_token(world: FakeWorld, check: AvitoCheck, b: str | None) -> Response:
+    body = check.body if isinstance(check.body, dict) else {}
+    if world.avito_client_secret is not None and body.get("client_secret") != world.avito_client_secret:
+        # Wrong client credentials, in Avito's error shape.
+        return avito_error(400, "invalid client credentials")
+    if b == "garbage":
+        return Response("<html>Service Temporarily Unavailable</html>", media_type="text/html")
     world.avito_token_requests += 1
     token = f"tok-{world.avito_token_requests}"
     world.avito_tokens.add(token)

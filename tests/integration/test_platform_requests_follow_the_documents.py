@@ -98,6 +98,8 @@ async def drive_the_responders_adapters(world: FakeWorld, client: httpx.AsyncCli
     long_ago = datetime.now(UTC) - timedelta(hours=1)
     query = SentQuery("777", "u2i-chat-1", "job-6", Attempts("Yes, it is available.", long_ago, long_ago))
     await avito.find_sent(query)
+    await avito.probe("777")  # whether the account is refused as a whole
+    await telegram.probe("4242")
 
 
 async def drive_connect_and_doctor(world: FakeWorld, client: httpx.AsyncClient) -> None:
@@ -146,6 +148,7 @@ def test_the_source_scan_finds_the_calls_the_code_makes() -> None:
     }
     assert avito_operations_in_code() == {
         "getAccessToken",
+        "getChatsV2",
         "postSendMessage",
         "getMessagesV3",
         "getSubscriptions",

@@ -10,7 +10,7 @@ import pytest
 
 from services.responder.failures import Kind, classify_status, classify_transport
 from services.responder.platforms.avito import AvitoPlatform, AvitoToken
-from services.responder.platforms.base import Attempts, Sent, SentQuery, TooEarly
+from services.responder.platforms.base import Attempts, Sent, SentQuery, TooEarly, call
 from services.responder.platforms.telegram import TelegramPlatform
 from services.responder.ratelimit import AccountRateLimiter
 
@@ -190,3 +190,54 @@ async def test_telegram_retries_only_what_never_reached_it_and_429s(
     with pytest.raises(Exception) as raised:
         await telegram(status, body).send("1", "42", "hi", key="job")
     assert getattr(raised.value, "kind", None) is kind
+
+
+@pytest.mark.parametrize(
+    ("status", "body"),
+    [
+        (401, {"ok": False, "error_code": 401, "description": "Unauthorized"}),
+        (404, {"ok": False, "error_code": 404, "description": "Not Found"}),
+    ],
+)
+async def test_a_refused_bot_token_is_about_the_account_not_the_chat(status: int, body: object) -> None:
+    with pytest.raises(Exception) as raised:
+        await telegram(status, body).send("1", "42", "hi", key="job")
+    assert getattr(raised.value, "kind", None) is Kind.ACCOUNT
+    assert "@BotFather" in str(raised.value)
+
+
+async def test_an_avito_token_answer_without_an_access_token_is_transient_with_its_reason() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(200, content=b"<html>Service Temporarily Unavailable</html>")
+
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle), timeout=10)
+    with pytest.raises(Exception) as raised:
+        await AvitoToken("https://avito.test", "id", "secret", client).get()
+    assert getattr(raised.value, "kind", None) is Kind.TRANSIENT
+    assert "without an access_token" in str(raised.value)
+
+
+async def test_a_spent_rate_limit_window_pauses_the_account_before_the_next_send() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(
+            200, json={"id": "m"}, headers={"X-RateLimit-Limit": "60", "X-RateLimit-Remaining": "0"}
+        )
+
+    limiter = AccountRateLimiter(1000)
+    client = httpx.AsyncClient(transport=httpx.MockTransport(handle), timeout=10)
+    await call(client, limiter, "avito", "7", "POST", "https://avito.test/x")
+    assert limiter.delay("avito:7") >= 30
+    assert limiter.delay("avito:8") == 0  # another account is not held
+
+
+async def test_a_429_without_retry_after_backs_off_with_jitter() -> None:
+    def handle(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(429, json={"error": {"code": 429, "message": "Too Many Requests"}})
+
+    waits = set()
+    for _ in range(5):
+        limiter = AccountRateLimiter(1000)
+        client = httpx.AsyncClient(transport=httpx.MockTransport(handle), timeout=10)
+        await call(client, limiter, "avito", "7", "POST", "https://avito.test/x")
+        waits.add(round(limiter.delay("avito:7"), 3))
+    assert all(5 <= w <= 20 for w in waits) and len(waits) > 1

@@ -22,6 +22,13 @@ async function load() {
     card("retries (24 h)", day.retries),
     card("failed / needs review", `${s.backlog.failed.count} / ${s.backlog.needs_review.count}`),
   );
+  // A paused account: its replies wait (none is lost) until the platform accepts it again.
+  $("accounts").replaceChildren(...s.paused_accounts.map((a) => {
+    const p = document.createElement("p");
+    p.className = "paused";
+    p.textContent = `${a.platform} account ${a.account_id} is paused (${a.state.replaceAll("_", " ")}) since ${new Date(a.since).toLocaleString()}: ${a.reason}`;
+    return p;
+  }));
   const { operations } = await api("/v1/operations?status=failed,needs_review&limit=200");
   $("rows").replaceChildren(...operations.map(row));
 }

@@ -43,6 +43,12 @@ class AvitoWebhook(_Model):
     payload: AvitoPayload
 
 
+def has_payload(data: object) -> bool:
+    """Whether a body carries something to store: a JSON object with a ``payload``. Avito's
+    subscription check posts ``{}``; that is answered 200 and stored nowhere."""
+    return isinstance(data, dict) and "payload" in data
+
+
 def authenticate(expected: str | None, presented: str) -> None:
     if expected is None:
         raise ApiError(

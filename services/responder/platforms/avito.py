@@ -1,6 +1,10 @@
-"""Avito Messenger: OAuth client-credentials token (cached, refreshed ahead of expiry,
-one refresh at a time, refreshed once on 401/403), send, and listing a chat's messages
-to reconcile a send whose answer was lost."""
+"""Avito Messenger: an OAuth client-credentials token shared by every replica (refreshed
+ahead of expiry, one refresh at a time, refreshed once on 401/403), send, listing a
+chat's messages to reconcile a send whose answer was lost, and a probe of the account.
+
+A 403 that a fresh token does not cure is about the account when the account's chat list
+is refused too (no paid Messenger plan, a blocked account): the account is paused, not
+the job failed. Otherwise it is about the chat, and that job fails alone."""
 
 from __future__ import annotations
 
@@ -8,6 +12,7 @@ import asyncio
 import logging
 import time
 
+import asyncpg
 import httpx
 
 from ..failures import Failure, Kind
@@ -23,37 +28,117 @@ CLOCK_SKEW_SECONDS = 5.0
 
 
 class AvitoToken:
-    """The access token, shared by every send. Refreshed when 90% of its life has passed
-    (at most 10 minutes ahead), by one caller at a time; the others wait for it."""
+    """The access token of one set of client credentials, shared by every send of every
+    replica: kept in Postgres (``platform_tokens``) and refreshed when 90% of its life has
+    passed (at most 10 minutes ahead) by one process at a time, under an advisory lock;
+    the others read the new one. Replicas never invalidate each other's tokens, and N
+    replicas cost one token request, not N. Each process keeps the token it read until
+    it is due, so a send reads Postgres only around a refresh."""
 
-    def __init__(self, api_base: str, client_id: str, client_secret: str, client: httpx.AsyncClient) -> None:
+    def __init__(
+        self,
+        api_base: str,
+        client_id: str,
+        client_secret: str,
+        client: httpx.AsyncClient,
+        pool: asyncpg.Pool | None = None,
+    ) -> None:
         self._url = f"{api_base.rstrip('/')}/token"
+        self._client_id = client_id
         self._form = {
             "grant_type": "client_credentials",
             "client_id": client_id,
             "client_secret": client_secret,
         }
         self._client = client
+        self._pool = pool
         self._token: str | None = None
-        self._refresh_at = 0.0
+        self._refresh_at = 0.0  # time.time() at which this process stops using its token
         self._lock = asyncio.Lock()
         self.refreshes = 0
 
     async def get(self, *, stale: str | None = None) -> str:
         """A valid token. ``stale``: the token the platform just refused; refresh unless
-        another caller already has."""
+        another caller (or replica) already has."""
         async with self._lock:
-            if self._token is not None and self._token != stale and time.monotonic() < self._refresh_at:
+            if self._usable(self._token, self._refresh_at, stale):
+                assert self._token is not None
                 return self._token
-            response = await call(self._client, None, "avito", "-", "POST", self._url, data=self._form)
-            raise_for(response, "token request")
+            if self._pool is None:
+                token, expires = await self._request()
+            else:
+                token, expires = await self._shared(stale)
+            self._token, self._refresh_at = token, _refresh_time(expires)
+            return token
+
+    @staticmethod
+    def _usable(token: str | None, refresh_at: float, stale: str | None) -> bool:
+        return token is not None and token != stale and time.time() < refresh_at
+
+    async def _shared(self, stale: str | None) -> tuple[str, float]:
+        assert self._pool is not None
+        async with self._pool.acquire() as conn:
+            row = await conn.fetchrow(_READ_TOKEN, self._client_id)
+            if row and self._usable(row["token"], _refresh_time(row["expires"]), stale):
+                return row["token"], row["expires"]
+            async with conn.transaction():
+                # One refresh across replicas; the others wait here, then read its token.
+                await conn.execute(
+                    "SELECT pg_advisory_xact_lock(hashtextextended('avito-token:' || $1, 0))", self._client_id
+                )
+                row = await conn.fetchrow(_READ_TOKEN, self._client_id)
+                if row and self._usable(row["token"], _refresh_time(row["expires"]), stale):
+                    return row["token"], row["expires"]
+                token, expires = await self._request()
+                await conn.execute(
+                    """
+                    INSERT INTO platform_tokens (platform, credential, token, expires_at)
+                    VALUES ('avito', $1, $2, to_timestamp($3))
+                    ON CONFLICT (platform, credential) DO UPDATE
+                    SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at, refreshed_at = now()
+                    """,
+                    self._client_id,
+                    token,
+                    expires,
+                )
+                return token, expires
+
+    async def _request(self) -> tuple[str, float]:
+        """A new token from Avito: (token, expiry as epoch seconds)."""
+        response = await call(self._client, None, "avito", "-", "POST", self._url, data=self._form)
+        if response.status_code in (400, 401, 403):
+            raise Failure(
+                Kind.ACCOUNT,
+                f"Avito refused the client credentials (HTTP {response.status_code}: {_detail(response)}): "
+                "check CHATQ_AVITO_CLIENT_ID and CHATQ_AVITO_CLIENT_SECRET in Avito's developer settings",
+            )
+        raise_for(response, "token request")
+        try:
             body = response.json()
-            self._token = str(body["access_token"])
+            token = str(body["access_token"])
             life = float(body.get("expires_in", 3600))
-            self._refresh_at = time.monotonic() + max(1.0, life - min(600.0, life * 0.1))
-            self.refreshes += 1
-            logger.info("Avito access token refreshed (valid %.0fs)", life)
-            return self._token
+        except (ValueError, KeyError, TypeError):
+            # Not an exception that dead-letters the job: Avito will answer properly again.
+            raise Failure(
+                Kind.TRANSIENT,
+                f"Avito's token endpoint answered without an access_token (HTTP {response.status_code})",
+            ) from None
+        self.refreshes += 1
+        logger.info("Avito access token refreshed (valid %.0fs)", life)
+        return token, time.time() + life
+
+
+_READ_TOKEN = """
+SELECT token, extract(epoch FROM expires_at)::float8 AS expires
+FROM platform_tokens WHERE platform = 'avito' AND credential = $1
+"""
+
+
+def _refresh_time(expires: float) -> float:
+    """When to stop using a token that expires at ``expires`` (epoch seconds): after 90%
+    of its life, at most 10 minutes before it expires."""
+    life = expires - time.time()
+    return expires - min(600.0, max(life, 0.0) * 0.1)
 
 
 class AvitoPlatform:
@@ -96,11 +181,28 @@ class AvitoPlatform:
         response = await self._authorized(
             account_id, "POST", url, json={"message": {"text": text}, "type": "text"}
         )
+        if response.status_code == 403:
+            await self.probe(account_id)  # raises when the whole account is refused
         raise_for(response, _detail(response), acts=True)
         try:
             return Sent(str(response.json()["id"]))
         except (ValueError, KeyError, TypeError):
             raise Failure(Kind.UNKNOWN, "Avito accepted the send without a message id") from None
+
+    async def probe(self, account_id: str) -> None:
+        """Whether Avito accepts the account: a token, and the account's chat list. Raises
+        ``Failure`` (kind account: no paid Messenger plan or a blocked account; or the
+        credentials) when it does not."""
+        url = f"{self._base}/messenger/v2/accounts/{account_id}/chats"
+        response = await self._authorized(account_id, "GET", url, params={"limit": 1})
+        if response.status_code in (401, 403):
+            raise Failure(
+                Kind.ACCOUNT,
+                f"Avito refuses the Messenger API for account {account_id} with a fresh token "
+                f"(HTTP {response.status_code}: {_detail(response)}): the account has no paid Messenger plan, "
+                "or it is blocked; put it on a plan that includes the Messenger API",
+            )
+        raise_for(response, _detail(response))
 
     async def find_sent(self, query: SentQuery) -> Sent | None:
         """Our reply of an interrupted send, in the chat's latest messages (a bare JSON array,

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import random
 import time
 from dataclasses import dataclass
 from datetime import datetime
@@ -66,6 +67,11 @@ class Platform(Protocol):
         """Send one reply; raise ``Failure`` when it did not (or may not have) gone out."""
         ...
 
+    async def probe(self, account_id: str) -> None:
+        """Whether the platform accepts the account as a whole; raise ``Failure`` (kind
+        account) when it does not."""
+        ...
+
     async def find_sent(self, query: SentQuery) -> Sent | None:
         """The reply an interrupted send made, if the platform shows it; None when the
         platform shows it did not; ``Failure`` when the platform's answer cannot tell;
@@ -99,11 +105,32 @@ async def call(
         raise failure from None
     outcome = "ok" if response.is_success else f"http_{response.status_code // 100}xx"
     metrics.PLATFORM_SECONDS.labels(platform=platform, outcome=outcome).observe(time.perf_counter() - started)
-    if response.status_code == 429 and limiter is not None:
-        retry_after = retry_after_of(response)
-        if retry_after:
-            limiter.pause(f"{platform}:{account_id}", retry_after)
+    if limiter is not None:
+        key = f"{platform}:{account_id}"
+        if response.status_code == 429:
+            # A 429 may carry no retry-after (Avito): back off with jitter, so the account's
+            # senders do not all come back at the same moment.
+            limiter.pause(key, retry_after_of(response) or random.uniform(*LIMITED_BACKOFF_SECONDS))
+        elif rate_limit_spent(response):
+            # The platform's window (Avito: per minute, X-RateLimit-*) is used up: wait for
+            # it to turn, with jitter, before the next send rather than collect a 429.
+            limiter.pause(key, random.uniform(*SPENT_WINDOW_SECONDS))
     return response
+
+
+#: How long an account waits after a 429 that says nothing, and after its rate-limit
+#: window is spent (Avito counts per minute).
+LIMITED_BACKOFF_SECONDS = (5.0, 20.0)
+SPENT_WINDOW_SECONDS = (30.0, 60.0)
+
+
+def rate_limit_spent(response: httpx.Response) -> bool:
+    """Whether the platform's rate-limit headers say no request is left in this window."""
+    remaining = response.headers.get("x-ratelimit-remaining")
+    try:
+        return remaining is not None and int(remaining) <= 0
+    except ValueError:
+        return False
 
 
 def retry_after_of(response: httpx.Response) -> float | None:

@@ -66,6 +66,10 @@ class GenericPlatform:
             raise Failure(Kind.UNKNOWN, "no message id")
         return Sent(str(message_id or key))
 
+    async def probe(self, account_id: str) -> None:
+        """Nothing to pause: no account the receiver can refuse as a whole."""
+        return None
+
     async def find_sent(self, query: SentQuery) -> Sent | None:
         raise NotImplementedError("generic replies are made safe by their Idempotency-Key instead")
 

@@ -38,6 +38,10 @@ class SandboxPlatform:
             raise Failure(Kind.TRANSIENT, f"sandbox store unreachable ({type(exc).__name__})") from None
         return Sent(f"sb-{row_id}")
 
+    async def probe(self, account_id: str) -> None:
+        """Nothing to pause: no account the receiver can refuse as a whole."""
+        return None
+
     async def find_sent(self, query: SentQuery) -> Sent | None:
         """The sandbox keeps one reply per job: look it up by the job."""
         row_id = await self._pool.fetchval("SELECT id FROM sandbox_replies WHERE job_id = $1", query.key)

@@ -1,5 +1,8 @@
-"""Telegram Bot API: sendMessage. Telegram has no idempotency key and no way to list a
-bot's sent messages, so a send whose answer was lost cannot be reconciled."""
+"""Telegram Bot API: sendMessage, and getMe to probe the bot. Telegram has no idempotency
+key and no way to list a bot's sent messages, so a send whose answer was lost cannot be
+reconciled. A 401 (revoked or mistyped token) or 404 (no such bot) is about the bot, not
+the chat: the account is paused until getMe works again; a 403 ("bot was blocked by the
+user") is about the chat, and that job fails alone."""
 
 from __future__ import annotations
 
@@ -19,7 +22,8 @@ class TelegramPlatform:
     def __init__(
         self, api_base: str, token: str, client: httpx.AsyncClient, limiter: AccountRateLimiter
     ) -> None:
-        self._url = f"{api_base.rstrip('/')}/bot{token}/sendMessage"
+        self._base = f"{api_base.rstrip('/')}/bot{token}"
+        self._url = f"{self._base}/sendMessage"
         self._client = client
         self._limiter = limiter
 
@@ -53,6 +57,8 @@ class TelegramPlatform:
         # Telegram may also answer 200 with {"ok": false, "error_code": N}.
         status = _error_code(body) if response.is_success else response.status_code
         detail = str(body.get("description", ""))[:200]
+        if status in (401, 404):
+            raise Failure(Kind.ACCOUNT, _refused_token(status, detail))
         if status >= 500:
             # No idempotency key and no way to list the bot's messages: a server error after
             # the request reached Telegram may come after the message was sent. Retry only
@@ -62,6 +68,20 @@ class TelegramPlatform:
             )
         failure = classify_status(status, detail, retry_after_of(response), acts=True)
         raise failure or Failure(Kind.UNKNOWN, "Telegram answered without ok")
+
+    async def probe(self, account_id: str) -> None:
+        """getMe: whether Telegram accepts the bot token."""
+        response = await call(
+            self._client, self._limiter, self.name, account_id, "POST", f"{self._base}/getMe"
+        )
+        if response.status_code in (401, 404):
+            raise Failure(Kind.ACCOUNT, _refused_token(response.status_code, "getMe"))
+        try:
+            ok = response.json().get("ok") is True
+        except (ValueError, AttributeError):
+            ok = False
+        if not ok:
+            raise Failure(Kind.TRANSIENT, f"Telegram's getMe answered HTTP {response.status_code}")
 
     async def find_sent(self, query: SentQuery) -> Sent | None:
         raise NotImplementedError("Telegram cannot list a bot's sent messages")
@@ -77,3 +97,10 @@ def _chat(chat_id: str) -> int | str:
 def _error_code(body: dict[str, object]) -> int:
     code = body.get("error_code")
     return code if isinstance(code, int) else 500
+
+
+def _refused_token(status: int, detail: str) -> str:
+    return (
+        f"Telegram refused the bot token (HTTP {status}: {detail or 'Unauthorized'}): it was revoked or mistyped; "
+        "get the current one from @BotFather (/mybots, API Token), set CHATQ_TELEGRAM_BOT_TOKEN and restart"
+    )
