@@ -1,0 +1,30 @@
+-- Behave like a careful seller's assistant (issue 16).
+
+-- Telegram Business: a reply to a business chat is sent through the business connection.
+ALTER TABLE operations ADD COLUMN business_connection_id text CHECK (business_connection_id <> '');
+
+-- The seller answered in person: the bot steps back from the chat until held_until.
+ALTER TABLE chats
+    ALTER COLUMN last_job_id DROP NOT NULL,
+    ADD COLUMN held_since timestamptz,
+    ADD COLUMN held_until timestamptz,
+    ADD COLUMN held_by_message_id text,
+    -- The chat's listing (Avito: title, price, url), for the reply writer; cached.
+    ADD COLUMN listing jsonb,
+    ADD COLUMN listing_fetched_at timestamptz,
+    ADD CONSTRAINT chats_hold_complete CHECK ((held_until IS NULL) = (held_since IS NULL));
+CREATE INDEX chats_held ON chats (held_until) WHERE held_until IS NOT NULL;
+
+-- A reply longer than the platform takes goes out as parts, in order; each part's send is
+-- recorded like a whole reply's, so a retry never sends a delivered part again.
+CREATE TABLE delivery_parts (
+    job_id               uuid NOT NULL REFERENCES reply_jobs (id),
+    part                 integer NOT NULL CHECK (part >= 1),
+    text                 text NOT NULL CHECK (text <> ''),
+    status               text NOT NULL CHECK (status IN ('sending', 'sent', 'unknown', 'not_sent')),
+    platform_message_id  text,
+    started_at           timestamptz NOT NULL,
+    finished_at          timestamptz,
+    PRIMARY KEY (job_id, part),
+    CONSTRAINT delivery_parts_sent_has_id CHECK (status <> 'sent' OR platform_message_id IS NOT NULL)
+);
