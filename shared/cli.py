@@ -17,6 +17,7 @@ import logging
 import sys
 from collections.abc import Sequence
 from typing import Any
+from urllib.parse import quote
 
 import httpx
 
@@ -154,6 +155,20 @@ def _resolve(api: Api, args: argparse.Namespace) -> str:
     return f"{r['status']}: {', '.join(r['resolved'])}"
 
 
+def _chats(api: Api, args: argparse.Namespace) -> str:
+    if args.action == "resume":
+        if not args.chat:
+            raise CliError(EXIT_USAGE, "chatq chats resume PLATFORM:ACCOUNT:CHAT")
+        api.call("POST", f"/v1/chats/{quote(args.chat, safe=':')}/resume")
+        return f"{args.chat}: handed back to the bot; its waiting messages are answered after the usual pause"
+    held = api.call("GET", "/v1/chats?held=true")["chats"]
+    rows = [(c["chat"], c["held_until"], c["seller_message_id"], c["waiting_messages"]) for c in held]
+    return (
+        table(rows, ("chat", "held until", "seller's message", "waiting"))
+        + f"\n{len(rows)} chat(s) held by the seller"
+    )
+
+
 def _stats(api: Api, args: argparse.Namespace) -> str:
     s = api.call("GET", "/v1/stats")
     if args.json:
@@ -260,6 +275,12 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--owner", required=True)
     s.add_argument("--note")
     s.set_defaults(run=_resolve, api=True)
+    s = sub.add_parser(
+        "chats", help="chats the seller holds (they answered in person): list, or hand one back"
+    )
+    s.add_argument("action", choices=["list", "resume"])
+    s.add_argument("chat", nargs="?", help="PLATFORM:ACCOUNT:CHAT (resume)")
+    s.set_defaults(run=_chats, api=True)
     s = sub.add_parser("stats", help="backlog, oldest unfinished, failed share, retries, reply time")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=_stats, api=True)

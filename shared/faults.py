@@ -27,6 +27,7 @@ KNOWN_POINTS: frozenset[str] = frozenset(
         "coalescer.after_emit",  # window closed, job + outbox row committed, not published
         "responder.after_generate",  # the model answered, nothing recorded or sent
         "responder.after_send",  # the platform accepted the reply, nothing recorded
+        "responder.between_parts",  # a part of a long reply sent and recorded, the next not begun
         "responder.after_record",  # reply recorded and committed, job message not acked
     }
 )

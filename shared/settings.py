@@ -138,6 +138,9 @@ class Settings(BaseSettings):
     fold_max_rounds: int = Field(default=2, ge=0, le=10)
     history_messages: int = Field(default=12, ge=0, le=200)
     review_owner: str = "on-call"
+    # When the seller answers a chat in person, the bot stays out of it this long (0: it
+    # withdraws its pending replies but does not step back).
+    takeover_seconds: float = Field(default=3600.0, ge=0)
     # An account the platform refused as a whole is asked again this often.
     account_probe_seconds: float = Field(default=60.0, gt=0)
 

@@ -71,15 +71,15 @@ UPDATE operations SET status = 'waiting', updated_at = now()
 WHERE id = $2 AND status IN ('accepted', 'queued')
 """
 
-# A window opened while its chat has a reply job in flight is blocked until that job ends
-# (the chat's lock, held here, serialises this with the job's end: 40_windows.sql).
+# A window opened while its chat has a reply job in flight, or while the seller holds the
+# chat, is blocked until that ends (the chat's lock, held here, serialises this with the
+# job's end and the hold's: 40_windows_blocked.sql).
 _FILE_OPENING = (
     """
 WITH w AS (
     INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
                               deadline_at, due_at, delay_seconds, message_count, blocked)
-    VALUES ($1, $6, $7, $8, $9, 'open', $10, $3, $11, $4, $12, $5,
-            EXISTS (SELECT 1 FROM reply_jobs j WHERE j.chat_key = $6 AND j.status IN ('pending', 'processing')))
+    VALUES ($1, $6, $7, $8, $9, 'open', $10, $3, $11, $4, $12, $5, chatq_chat_blocked($6))
     RETURNING id
 )
 """
@@ -491,6 +491,8 @@ class Coalescer:
         while not self._stopping:
             self._wake.clear()
             try:
+                # Chats whose seller hold ran out go on (an index of the chats held now).
+                await self._pool.fetchval("SELECT chatq_unblock_expired_holds()")
                 while await self.emit_due(batch) == batch and not self._stopping:
                     pass
                 wait = await self.seconds_to_next_due()

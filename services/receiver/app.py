@@ -139,7 +139,7 @@ def _webhook_routes(settings: Settings) -> APIRouter:
     router = APIRouter()
 
     async def accept(request: Request, platform: str, intake: Intake) -> Stored:
-        stored = await store(request.app.state.pool, intake)
+        stored = await store(request.app.state.pool, intake, hold_seconds=settings.takeover_seconds)
         fault_point("receiver.after_commit")
         runtime: Runtime = request.app.state.runtime
         if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":

@@ -20,10 +20,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 
 import asyncpg
+from prometheus_client import Counter
 
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 
 from .errors import ApiError
+
+TAKEOVERS = Counter(
+    "chatq_seller_takeovers_total",
+    "Messages the seller wrote in person, stepping the bot back, by platform.",
+    ["platform"],
+)
 
 #: A platform timestamp further ahead of our clock than this is not believed.
 FUTURE_TOLERANCE_SECONDS = 300
@@ -47,6 +54,9 @@ class Intake:
     sent_at: datetime | None
     payload: str  # the body as received, verbatim
     ignored_reason: str | None = None
+    #: Written by the account itself (the seller, or our own reply coming back): decided
+    #: at storage (chatq_is_echo); the seller's message makes the bot step back.
+    written_by_seller: bool = False
 
     def __post_init__(self) -> None:
         for name in ("account_id", "event_id", "chat_id", "message_id", "author_id", "text"):
@@ -113,6 +123,26 @@ WITH clock AS (SELECT clock_timestamp() AS now), op AS (
 SELECT id, status FROM op
 """
 
+# A message the account itself wrote: our own reply coming back (an echo), or the seller
+# answering in person, which withdraws the replies not yet sent and holds the chat
+# (chatq_seller_wrote), in the statement that stores it.
+_STORE_SELLER_SQL = """
+WITH clock AS (SELECT clock_timestamp() AS now),
+echo AS (SELECT chatq_is_echo(chatq_chat_key($2, $3, $5), $6, $8) AS yes),
+op AS (
+    INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id,
+                            author_id, text, sent_at, status, status_reason, received_at, payload)
+    SELECT $1, $2, $3, $4, $5, $6, $7, $8, least(coalesce($9::timestamptz, clock.now), clock.now), 'ignored',
+           CASE WHEN echo.yes THEN 'our own message (echo)' ELSE $10 END, clock.now, $11::text::json
+    FROM clock, echo
+    ON CONFLICT DO NOTHING
+    RETURNING id, status, sent_at
+), seller AS (
+    SELECT chatq_seller_wrote($2, $3, $5, $6, op.sent_at, $12) AS answered FROM op, echo WHERE NOT echo.yes
+)
+SELECT op.id, op.status, (SELECT answered FROM seller) AS answered FROM op
+"""
+
 _EXISTING_SQL = """
 SELECT id, status, chat_id, message_id FROM operations
 WHERE platform = $1 AND account_id = $2
@@ -122,7 +152,11 @@ LIMIT 1
 """
 
 
-async def store(pool: asyncpg.Pool, intake: Intake) -> Stored:
+async def store(pool: asyncpg.Pool, intake: Intake, *, hold_seconds: float = 0) -> Stored:
+    """Store the intake (once: a repeat is a duplicate). A message the seller wrote in
+    person steps the bot back from its chat for ``hold_seconds``."""
+    if intake.written_by_seller:
+        return await _store_seller(pool, intake, hold_seconds)
     status = "ignored" if intake.ignored_reason else "accepted"
     try:
         row = await pool.fetchrow(
@@ -149,6 +183,43 @@ async def store(pool: asyncpg.Pool, intake: Intake) -> Stored:
         raise ApiError(422, "invalid_payload", "a value in the body is too large to store") from None
     if row is not None:
         return Stored(row["id"], row["status"], duplicate=False)
+    return await _existing(pool, intake)
+
+
+async def _store_seller(pool: asyncpg.Pool, intake: Intake, hold_seconds: float) -> Stored:
+    minutes = round(hold_seconds / 60)
+    reason = (
+        f"written by the seller: the replies not yet sent are withdrawn and the bot steps back "
+        f"from this chat for {minutes} min"
+        if hold_seconds > 0
+        else "written by the seller: the replies not yet sent are withdrawn"
+    )
+    try:
+        row = await pool.fetchrow(
+            _STORE_SELLER_SQL,
+            uuid.uuid4(),
+            intake.platform,
+            intake.account_id,
+            intake.event_id,
+            intake.chat_id,
+            intake.message_id,
+            intake.author_id,
+            intake.text,
+            intake.sent_at,
+            reason,
+            intake.payload,
+            hold_seconds,
+        )
+    except asyncpg.ProgramLimitExceededError:
+        raise ApiError(422, "invalid_payload", "a value in the body is too large to store") from None
+    if row is not None:
+        if row["answered"] is not None:
+            TAKEOVERS.labels(platform=intake.platform).inc()
+        return Stored(row["id"], row["status"], duplicate=False)
+    return await _existing(pool, intake)
+
+
+async def _existing(pool: asyncpg.Pool, intake: Intake) -> Stored:
     existing = await pool.fetchrow(
         _EXISTING_SQL,
         intake.platform,

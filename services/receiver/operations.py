@@ -33,6 +33,9 @@ STATUS_TEXT = {s.value: text for s, text in operation_state.STATUS_TEXT.items()}
 def status_text(status: str, reason: str | None, replied_at: datetime | None = None) -> str:
     if status == "replied" and replied_at is not None:
         return f"reply sent at {replied_at.astimezone(UTC):%H:%M} UTC"
+    if status == "replied" and reason:
+        # Answered, but not by the bot's reply: by the seller in person, or a person's resolve.
+        return reason
     if status == "needs_review":
         return (
             f"{STATUS_TEXT[status]}: {reason}"
@@ -58,10 +61,11 @@ router = APIRouter()
 _SELECT = """
 SELECT o.id, o.platform, o.account_id, o.chat_id, o.message_id, o.author_id, o.text, o.sent_at,
        o.status, o.status_reason, o.received_at, o.updated_at, o.resolution, o.resolved_by, o.resolved_at,
-       o.note, o.retries, o.owner AS op_owner,
+       o.note, o.retries, o.owner AS op_owner, c.held_until,
        j.id AS job_id, j.status AS job_status, j.attempts, j.reply_text, j.platform_message_id,
        j.sent_at AS reply_sent_at, j.error_kind, j.error_message, j.owner, j.created_at AS job_created_at
 FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
+LEFT JOIN chats c ON c.chat_key = chatq_chat_key(o.platform, o.account_id, o.chat_id) AND c.held_until > now()
 """
 
 
@@ -297,6 +301,48 @@ async def resolve_operation(operation_id: str, body: Resolution, request: Reques
     return {"operation_id": str(op_id), "status": status, "resolved": [str(r["id"]) for r in resolved]}
 
 
+@router.get("/v1/chats")
+async def list_chats(request: Request, held: bool = True) -> dict[str, Any]:
+    """The chats a person holds: the seller answered in person and the bot stays out until
+    ``held_until`` (``held=true``, the only listing today)."""
+    require_admin(request)
+    if not held:
+        raise ApiError(400, "bad_filter", "only held=true is listed")
+    pool: asyncpg.Pool = request.app.state.pool
+    rows = await pool.fetch(
+        """
+        SELECT c.chat_key, c.seller_wrote_at, c.seller_message_id, c.held_until,
+               (SELECT count(*) FROM chat_windows w JOIN window_messages wm ON wm.window_id = w.id
+                WHERE w.chat_key = c.chat_key AND w.status = 'open') AS waiting
+        FROM chats c WHERE c.held_until > now() ORDER BY c.held_until
+        """
+    )
+    return {
+        "chats": [
+            {
+                "chat": r["chat_key"],
+                "seller_wrote_at": _iso(r["seller_wrote_at"]),
+                "seller_message_id": r["seller_message_id"],
+                "held_until": _iso(r["held_until"]),
+                "waiting_messages": r["waiting"],
+            }
+            for r in rows
+        ],
+        "count": len(rows),
+    }
+
+
+@router.post("/v1/chats/{chat:path}/resume")
+async def resume_chat(chat: str, request: Request) -> dict[str, Any]:
+    """Hand a chat the seller held back to the bot now: its waiting messages are answered
+    after the usual pause. ``chat`` is the chat key, e.g. ``avito:777:u2i-1`` (URL-encoded)."""
+    require_admin(request)
+    pool: asyncpg.Pool = request.app.state.pool
+    if not await pool.fetchval("SELECT chatq_resume_chat($1)", chat):
+        raise ApiError(409, "not_held", f"chat {chat!r} is not held by the seller")
+    return {"chat": chat, "held": False}
+
+
 @router.get("/v1/stats")
 async def stats(request: Request) -> dict[str, Any]:
     require_admin(request)
@@ -434,7 +480,12 @@ def operation_document(row: asyncpg.Record) -> dict[str, Any]:
             "sent_at": _iso(row["sent_at"]),
         },
         "status": status,
-        "status_text": status_text(status, reason, row["reply_sent_at"] if reply else None),
+        "status_text": (
+            f"held by the seller until {row['held_until'].astimezone(UTC):%H:%M} UTC: the bot stays out of "
+            "this chat while the seller answers in person"
+            if row["held_until"] is not None and status in ("accepted", "queued", "waiting")
+            else status_text(status, reason, row["reply_sent_at"] if reply else None)
+        ),
         "received_at": _iso(row["received_at"]),
         "updated_at": _iso(row["updated_at"]),
         "age_seconds": round((now - row["received_at"]).total_seconds(), 3),

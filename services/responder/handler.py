@@ -26,9 +26,10 @@ from shared.retry import attempt_of
 from shared.state.job import DeliveryStatus
 
 from .failures import Failure, Kind
-from .idempotency import Job, JobBusy, JobSession, JobStore, Reconcile, Skip
-from .llm import ReplyWriter, cut
-from .platforms.base import Attempts, Platform, SentQuery, TooEarly
+from .idempotency import Job, JobBusy, JobSession, JobStore, JobWithdrawn, Part, Reconcile, Skip
+from .llm import ReplyWriter
+from .parts import split_reply
+from .platforms.base import Attempts, Platform, Sent, SentQuery, TooEarly
 
 logger = logging.getLogger(__name__)
 
@@ -74,6 +75,12 @@ class Responder:
             raise RetryLater(str(busy), kind="busy", counts=False) from None
 
     async def _handle(self, db: JobSession, job_id: uuid.UUID, attempt: int) -> None:
+        try:
+            await self._handle_claimed(db, job_id, attempt)
+        except JobWithdrawn as withdrawn:
+            logger.info("%s", withdrawn)
+
+    async def _handle_claimed(self, db: JobSession, job_id: uuid.UUID, attempt: int) -> None:
         state = await db.claim(job_id, attempt)
         if isinstance(state, Skip):
             logger.info("job %s skipped: %s", job_id, state.reason)
@@ -91,8 +98,18 @@ class Responder:
             await self._reply(db, job, platform, attempt)
 
     async def _reply(
-        self, db: JobSession, job: Job, platform: Platform, attempt: int, text: str | None = None
+        self,
+        db: JobSession,
+        job: Job,
+        platform: Platform,
+        attempt: int,
+        text: str | None = None,
+        sent_parts: dict[int, str] | None = None,
     ) -> None:
+        """Write the reply (or resume ``text``, already committed to), record the intent and
+        send it: one request, or parts in order when it is longer than the platform takes,
+        each part's intent and outcome recorded so a part already sent is never sent again
+        (``sent_parts``: number -> platform id, from an earlier attempt)."""
         if text is None:
             try:
                 job, text = await self._generate(db, job, platform, attempt)
@@ -101,19 +118,43 @@ class Responder:
                 return
         else:
             await db.before_send(job, text, attempt, fold=False)
-        try:
-            sent = await platform.send(job.account_id, job.chat_id, text, key=str(job.job_id))
-        except Failure as failure:
-            await self._send_failed(db, job, platform, failure)
-            return
+        parts = split_reply(text, platform.max_text)
+        many = len(parts) > 1
+        done = dict(sent_parts or {})
+        last = ""
+        for number, part in enumerate(parts, start=1):
+            if number in done:
+                last = done[number]
+                continue
+            if many:
+                await db.part_intent(job.job_id, number, part)
+            try:
+                sent = await platform.send(
+                    job.account_id,
+                    job.chat_id,
+                    part,
+                    key=f"{job.job_id}:{number}" if many else str(job.job_id),
+                )
+            except Failure as failure:
+                if many:
+                    lost = DeliveryStatus.UNKNOWN if failure.kind is Kind.UNKNOWN else DeliveryStatus.NOT_SENT
+                    await db.part_done(job.job_id, number, lost)
+                await self._send_failed(db, job, platform, failure)
+                return
+            last = sent.message_id
+            if many:
+                await db.part_done(job.job_id, number, DeliveryStatus.SENT, last)
+                if number < len(parts):
+                    fault_point("responder.between_parts")
         fault_point("responder.after_send")
-        await db.record_sent(job, text, sent.message_id)
+        await db.record_sent(job, text, last)
         fault_point("responder.after_record")
         logger.info(
-            "job %s replied in %s with %d message(s) (attempt %d)",
+            "job %s replied in %s with %d message(s) in %d part(s) (attempt %d)",
             job.job_id,
             job.chat_key,
             len(job.messages),
+            len(parts),
             attempt,
         )
 
@@ -136,7 +177,7 @@ class Responder:
         return job, text
 
     async def _write(self, job: Job, platform: Platform) -> str:
-        return cut(await self._writer.write(job.history, [m.text for m in job.messages]), platform.max_text)
+        return await self._writer.write(job.history, [m.text for m in job.messages])
 
     async def _failed(self, db: JobSession, job: Job, failure: Failure, *, stage: str) -> None:
         """A failure that left nothing on the platform: retry later, or give up for good."""
@@ -167,37 +208,22 @@ class Responder:
 
     async def _reconcile(self, db: JobSession, state: Reconcile, platform: Platform, attempt: int) -> None:
         job = state.job
+        parts = await db.delivery_parts(job.job_id)
+        if parts:
+            await self._resume_parts(db, state, platform, attempt, parts)
+            return
         if platform.idempotent:
             logger.info("job %s: outcome unknown; re-sending with the same idempotency key", job.job_id)
             await self._reply(db, job, platform, attempt, text=state.text)
             return
         if platform.can_reconcile:
-            try:
-                found = await platform.find_sent(
-                    SentQuery(
-                        account_id=job.account_id,
-                        chat_id=job.chat_id,
-                        key=str(job.job_id),
-                        attempts=Attempts(state.text, state.since, state.started_at),
-                        exclude=frozenset(await db.recorded_message_ids(job)),
-                        rivals=tuple(await db.unknown_rivals(job)),
-                    )
-                )
-            except TooEarly as early:
-                await db.record_retry(job.job_id, "unknown", f"reconciling: {early}")
-                raise RetryLater(
-                    f"reconciling with {platform.name}: {early}",
-                    kind="reconcile_wait",
-                    retry_after=early.seconds,
-                    counts=False,
-                ) from None
-            except Failure as failure:
-                if failure.kind is Kind.ACCOUNT:
-                    await self._account_refused(db, job, failure)
-                await db.record_retry(job.job_id, "unknown", f"reconciling: {failure.reason}")
-                raise RetryLater(
-                    f"reconciling with {platform.name}: {failure.reason}", kind="reconcile"
-                ) from None
+            found = await self._find(
+                db,
+                job,
+                platform,
+                key=str(job.job_id),
+                attempts=Attempts(state.text, state.since, state.started_at),
+            )
             if found is not None:
                 logger.info("job %s: reconciled, our reply %s is in the chat", job.job_id, found.message_id)
                 await db.record_sent(job, state.text, found.message_id)
@@ -211,6 +237,67 @@ class Responder:
             "unknown",
             f"{platform.name} cannot tell whether the reply went out (a send was interrupted)",
         )
+
+    async def _resume_parts(
+        self, db: JobSession, state: Reconcile, platform: Platform, attempt: int, parts: dict[int, Part]
+    ) -> None:
+        """A long reply was cut short (a crash, a failure between parts). Parts recorded sent
+        stay sent; a part whose send may have happened is settled first (Avito: found in
+        the chat or not; generic: sent again under its key; Telegram cannot tell: a person
+        decides); then the missing parts go out, in order, from the same text."""
+        job = state.job
+        sent = {n: p.message_id for n, p in parts.items() if p.status is DeliveryStatus.SENT and p.message_id}
+        for number, part in sorted(parts.items()):
+            if part.status not in (DeliveryStatus.SENDING, DeliveryStatus.UNKNOWN) or platform.idempotent:
+                continue
+            if not platform.can_reconcile:
+                await self._give_up(
+                    db,
+                    job.job_id,
+                    "unknown",
+                    f"{platform.name} cannot tell whether part {number} of the reply went out "
+                    f"({len(sent)} part(s) are in the chat)",
+                )
+                return
+            found = await self._find(db, job, platform, key=f"{job.job_id}:{number}", attempts=Attempts(
+                part.text, part.started_at, part.started_at))  # fmt: skip
+            if found is not None:
+                await db.part_done(job.job_id, number, DeliveryStatus.SENT, found.message_id)
+                sent[number] = found.message_id
+        logger.info("job %s: resuming a reply in parts (%d already in the chat)", job.job_id, len(sent))
+        await self._reply(db, job, platform, attempt, text=state.text, sent_parts=sent)
+
+    async def _find(
+        self, db: JobSession, job: Job, platform: Platform, *, key: str, attempts: Attempts
+    ) -> Sent | None:
+        """Look for a send whose outcome is unknown on the platform (see Platform.find_sent);
+        a platform that cannot tell yet, or cannot answer, sends the job back to wait."""
+        try:
+            return await platform.find_sent(
+                SentQuery(
+                    account_id=job.account_id,
+                    chat_id=job.chat_id,
+                    key=key,
+                    attempts=attempts,
+                    exclude=frozenset(await db.recorded_message_ids(job)),
+                    rivals=tuple(await db.unknown_rivals(job)),
+                )
+            )
+        except TooEarly as early:
+            await db.record_retry(job.job_id, "unknown", f"reconciling: {early}")
+            raise RetryLater(
+                f"reconciling with {platform.name}: {early}",
+                kind="reconcile_wait",
+                retry_after=early.seconds,
+                counts=False,
+            ) from None
+        except Failure as failure:
+            if failure.kind is Kind.ACCOUNT:
+                await self._account_refused(db, job, failure)
+            await db.record_retry(job.job_id, "unknown", f"reconciling: {failure.reason}")
+            raise RetryLater(
+                f"reconciling with {platform.name}: {failure.reason}", kind="reconcile"
+            ) from None
 
     async def _account_refused(self, db: JobSession, job: Job, failure: Failure) -> None:
         """The platform refused the account as a whole: pause it (one alert, when it was

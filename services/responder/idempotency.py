@@ -63,6 +63,16 @@ class Job:
 
 
 @dataclass(frozen=True)
+class Part:
+    """One part of a long reply, as recorded."""
+
+    text: str
+    status: DeliveryStatus
+    message_id: str | None
+    started_at: datetime
+
+
+@dataclass(frozen=True)
 class Skip:
     reason: str
 
@@ -88,6 +98,11 @@ class Settled:
     outcome: str
     chat_key: str
     operation_ids: list[uuid.UUID]
+
+
+class JobWithdrawn(Exception):
+    """The seller answered the chat in person since the job was built: nothing was sent, and
+    the job and its messages are settled (superseded; "answered by the seller")."""
 
 
 class JobBusy(Exception):
@@ -246,6 +261,8 @@ class JobSession:
         )
         if not rows:
             return job
+        if rows[0]["withdrawn"]:
+            raise JobWithdrawn(f"job {job.job_id} withdrawn: the seller answered the chat in person")
         return replace(job, messages=tuple(_message(r) for r in rows))
 
     async def record_sent(self, job: Job, text: str, platform_message_id: str) -> datetime:
@@ -264,19 +281,71 @@ class JobSession:
         return sent_at
 
     async def recorded_message_ids(self, job: Job, limit: int = 200) -> list[str]:
-        """The platform ids of the chat's replies already recorded (newest first): an
-        identical reply of an earlier job must never be taken for this job's."""
+        """The platform ids of the chat's replies (and their parts) already recorded,
+        newest first: an identical reply of an earlier job must never be taken for this
+        job's."""
         rows = await self._conn.fetch(
             """
-            SELECT platform_message_id FROM reply_jobs
-            WHERE chat_key = $1 AND status = 'sent' AND platform_message_id IS NOT NULL AND id <> $2
-            ORDER BY sent_at DESC LIMIT $3
+            SELECT r.platform_message_id AS id FROM reply_jobs r
+            WHERE r.chat_key = $1 AND r.status = 'sent' AND r.platform_message_id IS NOT NULL AND r.id <> $2
+            UNION
+            SELECT p.platform_message_id FROM reply_jobs r JOIN delivery_parts p ON p.job_id = r.id
+            WHERE r.chat_key = $1 AND p.status = 'sent' AND r.id <> $2
+            LIMIT $3
             """,
             job.chat_key,
             job.job_id,
             limit,
         )
-        return [r["platform_message_id"] for r in rows]
+        return [r["id"] for r in rows]
+
+    async def part_intent(self, job_id: uuid.UUID, number: int, text: str) -> None:
+        """Before part ``number`` of a long reply is sent: committed first, like a reply's
+        intent (a part already sent is never sent again)."""
+        await self._conn.execute(
+            """
+            INSERT INTO delivery_parts (job_id, part, text, status, started_at) VALUES ($1, $2, $3, 'sending', now())
+            ON CONFLICT (job_id, part) DO UPDATE
+            SET status = 'sending', text = EXCLUDED.text, started_at = now(), finished_at = NULL,
+                platform_message_id = NULL
+            WHERE delivery_parts.status = ANY(chatq_delivery_part_sources('sending'))
+            """,
+            job_id,
+            number,
+            text,
+        )
+
+    async def part_done(
+        self, job_id: uuid.UUID, number: int, status: DeliveryStatus, message_id: str | None = None
+    ) -> None:
+        """Part ``number``'s outcome. Once a part is on the platform the job's reply is partly
+        sent (maybe_sent): every later attempt resumes it, never writes a new one."""
+        await self._conn.execute(
+            """
+            WITH part AS (
+                UPDATE delivery_parts SET status = $3, platform_message_id = $4, finished_at = now()
+                WHERE job_id = $1 AND part = $2 AND status = ANY(chatq_delivery_part_sources($3))
+                RETURNING status
+            )
+            UPDATE deliveries SET maybe_sent = true, maybe_since = coalesce(maybe_since, started_at)
+            WHERE job_id = $1 AND EXISTS (SELECT 1 FROM part WHERE part.status IN ('sent', 'unknown'))
+            """,
+            job_id,
+            number,
+            status.value,
+            message_id,
+        )
+
+    async def delivery_parts(self, job_id: uuid.UUID) -> dict[int, Part]:
+        """The parts of the job's reply recorded so far (a reply of one part has none)."""
+        rows = await self._conn.fetch(
+            "SELECT part, text, status, platform_message_id, started_at FROM delivery_parts WHERE job_id = $1",
+            job_id,
+        )
+        return {
+            r["part"]: Part(r["text"], DeliveryStatus(r["status"]), r["platform_message_id"], r["started_at"])
+            for r in rows
+        }
 
     async def unknown_rivals(self, job: Job) -> list[Attempts]:
         """The chat's other jobs a person must look at because their reply may be in the

@@ -146,14 +146,3 @@ def _mentions(text: str, keyword: str) -> bool:
 
 def facts_text(path: str | None) -> str:
     return Path(path).read_text(encoding="utf-8") if path else DEFAULT_FACTS
-
-
-def cut(text: str, limit: int) -> str:
-    """Fit the platform's limit, cutting at a word boundary with an ellipsis."""
-    if len(text) <= limit:
-        return text
-    head = text[: limit - 1]
-    space = head.rfind(" ")
-    if space > limit * 0.6:
-        head = head[:space]
-    return head.rstrip() + "…"

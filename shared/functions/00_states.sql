@@ -88,6 +88,33 @@ CREATE OR REPLACE TRIGGER deliveries_status_transition
     FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
     EXECUTE FUNCTION chatq_check_delivery_status();
 
+-- delivery: the statuses that may move to p_to.
+CREATE OR REPLACE FUNCTION chatq_delivery_part_sources(p_to text) RETURNS text[]
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT CASE p_to
+        WHEN 'sending' THEN ARRAY['unknown', 'not_sent']::text[]
+        WHEN 'sent' THEN ARRAY['sending', 'unknown']::text[]
+        WHEN 'unknown' THEN ARRAY['sending']::text[]
+        WHEN 'not_sent' THEN ARRAY['sending']::text[]
+        ELSE '{}'::text[]
+    END
+$$;
+
+CREATE OR REPLACE FUNCTION chatq_check_delivery_part_status() RETURNS trigger LANGUAGE plpgsql AS $$
+BEGIN
+    IF NOT (OLD.status = ANY(chatq_delivery_part_sources(NEW.status))) THEN
+        RAISE EXCEPTION 'delivery %: status % -> % is not allowed', NEW.job_id, OLD.status, NEW.status
+            USING ERRCODE = 'check_violation';
+    END IF;
+    RETURN NEW;
+END
+$$;
+
+CREATE OR REPLACE TRIGGER delivery_parts_status_transition
+    BEFORE UPDATE OF status ON delivery_parts
+    FOR EACH ROW WHEN (OLD.status IS DISTINCT FROM NEW.status)
+    EXECUTE FUNCTION chatq_check_delivery_part_status();
+
 -- account: the statuses that may move to p_to.
 CREATE OR REPLACE FUNCTION chatq_account_sources(p_to text) RETURNS text[]
 LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$

@@ -32,3 +32,107 @@ RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT p_platform || ':' || replace(replace(p_account_id, '%', '%25'), ':', '%3A')
                       || ':' || replace(replace(p_chat_id, '%', '%25'), ':', '%3A')
 $$;
+
+-- Whether a message the account itself sent (author = the account) is our own reply coming
+-- back: its id is recorded for a reply of the chat, or its text is a reply (or a part of
+-- one) the chat was sent in the last ten minutes (its echo can arrive before the send's
+-- answer is recorded). Otherwise a person wrote it: the seller.
+CREATE OR REPLACE FUNCTION chatq_is_echo(p_chat_key text, p_message_id text, p_text text)
+RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (
+        SELECT 1 FROM reply_jobs r WHERE r.chat_key = p_chat_key AND r.platform_message_id = p_message_id)
+    OR EXISTS (
+        SELECT 1 FROM reply_jobs r JOIN delivery_parts p ON p.job_id = r.id
+        WHERE r.chat_key = p_chat_key AND p.platform_message_id = p_message_id)
+    OR EXISTS (
+        SELECT 1 FROM reply_jobs r JOIN deliveries d ON d.job_id = r.id
+        WHERE r.chat_key = p_chat_key AND d.started_at > clock_timestamp() - interval '10 minutes'
+          AND (d.text = p_text
+               OR EXISTS (SELECT 1 FROM delivery_parts p WHERE p.job_id = r.id AND p.text = p_text)))
+$$;
+
+-- The seller answered the chat in person (a message written by the account's owner, not
+-- the bot). Under the chat's lock, in the transaction that stores the seller's message:
+-- - every buyer message not yet answered and not in a reply already being sent ends
+--   'replied', "answered by the seller": the chat's open window, messages still in transit,
+--   and reply jobs nobody works on (pending, with no send that may have happened), which
+--   are withdrawn (superseded). A job a responder is working on is withdrawn by its own
+--   before-send check (chatq_before_send); one past its delivery intent is not (the reply
+--   may be on the platform);
+-- - the chat's last-answered marker moves to the seller's message;
+-- - the bot steps back: the chat is held for p_hold_seconds (0: not held), its next
+--   windows blocked until then.
+-- Returns the operations it marked answered.
+CREATE OR REPLACE FUNCTION chatq_seller_wrote(
+    p_platform text, p_account_id text, p_chat_id text, p_message_id text, p_sent_at timestamptz,
+    p_hold_seconds double precision
+) RETURNS uuid[] LANGUAGE plpgsql AS $$
+DECLARE
+    ck text := chatq_chat_key(p_platform, p_account_id, p_chat_id);
+    at timestamptz := clock_timestamp();
+    why text := 'answered by the seller (message ' || p_message_id || ')';
+    w uuid;
+    j record;
+    answered uuid[] := '{}';
+    done uuid[];
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(ck, 0));
+    INSERT INTO chats (chat_key, last_answered_sent_at, last_answered_message_id, last_answered_received_at,
+                       last_reply_at, last_job_id, seller_wrote_at, seller_message_id, held_until)
+    VALUES (ck, least(p_sent_at, at), p_message_id, at, at, NULL, at, p_message_id,
+            CASE WHEN p_hold_seconds > 0 THEN at + make_interval(secs => p_hold_seconds) END)
+    ON CONFLICT (chat_key) DO UPDATE
+    SET last_answered_sent_at = EXCLUDED.last_answered_sent_at,
+        last_answered_message_id = EXCLUDED.last_answered_message_id,
+        last_answered_received_at = EXCLUDED.last_answered_received_at,
+        last_reply_at = EXCLUDED.last_reply_at, last_job_id = NULL,
+        seller_wrote_at = EXCLUDED.seller_wrote_at, seller_message_id = EXCLUDED.seller_message_id,
+        held_until = EXCLUDED.held_until;
+
+    SELECT cw.id INTO w FROM chat_windows cw WHERE cw.chat_key = ck AND cw.status = 'open' FOR UPDATE;
+    IF FOUND THEN
+        WITH del AS (DELETE FROM window_messages wm WHERE wm.window_id = w RETURNING wm.operation_id)
+        SELECT answered || coalesce(array_agg(del.operation_id), '{}') INTO answered FROM del;
+        DELETE FROM chat_windows WHERE id = w;
+    END IF;
+    answered := answered || ARRAY(
+        SELECT o.id FROM operations o
+        WHERE o.platform = p_platform AND o.account_id = p_account_id AND o.chat_id = p_chat_id
+          AND o.status IN ('accepted', 'queued'));
+    FOR j IN
+        SELECT r.id, r.operation_ids FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
+        WHERE r.chat_key = ck AND r.status = 'pending'
+          AND NOT (coalesce(d.status IN ('sending', 'unknown'), false) OR coalesce(d.maybe_sent, false))
+        FOR UPDATE OF r
+    LOOP
+        UPDATE reply_jobs SET status = 'superseded', error_message = 'withdrawn: ' || why, updated_at = now()
+        WHERE id = j.id;
+        DELETE FROM reply_coverage WHERE job_id = j.id;
+        answered := answered || j.operation_ids;
+    END LOOP;
+    WITH up AS (
+        UPDATE operations SET status = 'replied', status_reason = why, updated_at = now()
+        WHERE id = ANY(answered) AND status IN ('accepted', 'queued', 'waiting', 'replying')
+        RETURNING id
+    )
+    SELECT coalesce(array_agg(id), '{}') INTO done FROM up;
+    INSERT INTO operation_events (operation_id, kind, actor, detail)
+    SELECT x, 'answered_by_seller', 'seller', why FROM unnest(done) AS x;
+    RETURN done;
+END
+$$;
+
+-- A person hands a held chat back to the bot: the hold ends now and the chat's waiting
+-- window goes on (unless a job still holds it). Returns whether the chat was held.
+CREATE OR REPLACE FUNCTION chatq_resume_chat(p_chat_key text) RETURNS boolean LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_chat_key, 0));
+    UPDATE chats SET held_until = NULL WHERE chat_key = p_chat_key AND held_until > clock_timestamp();
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE chat_windows SET blocked = false
+    WHERE chat_key = p_chat_key AND status = 'open' AND blocked AND NOT chatq_chat_blocked(p_chat_key);
+    RETURN true;
+END
+$$;

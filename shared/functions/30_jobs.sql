@@ -23,6 +23,38 @@ LANGUAGE sql STABLE AS $$
     WINDOW w AS (ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
 $$;
 
+-- Withdraw a job nobody has sent yet when the seller answered its chat in person after it
+-- was built (chats.seller_wrote_at): superseded, its unfinished messages 'replied',
+-- "answered by the seller". Returns whether it did. The caller holds the job.
+CREATE OR REPLACE FUNCTION chatq_withdraw_if_seller_answered(
+    p_job uuid, p_chat_key text, p_created timestamptz, p_ops uuid[]
+) RETURNS boolean LANGUAGE plpgsql AS $$
+DECLARE
+    msg text;
+    done uuid[];
+BEGIN
+    SELECT c.seller_message_id INTO msg FROM chats c WHERE c.chat_key = p_chat_key AND c.seller_wrote_at > p_created;
+    IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    UPDATE reply_jobs SET status = 'superseded', updated_at = now(),
+           error_message = 'withdrawn: answered by the seller (message ' || msg || ')'
+    WHERE id = p_job AND status IN ('pending', 'processing');
+    DELETE FROM reply_coverage WHERE job_id = p_job;
+    WITH up AS (
+        UPDATE operations SET status = 'replied', status_reason = 'answered by the seller (message ' || msg || ')',
+               updated_at = now()
+        WHERE id = ANY(p_ops) AND status IN ('accepted', 'queued', 'waiting', 'replying')
+        RETURNING id
+    )
+    SELECT coalesce(array_agg(id), '{}') INTO done FROM up;
+    INSERT INTO operation_events (operation_id, kind, actor, detail, job_id)
+    SELECT x, 'answered_by_seller', 'seller', 'answered by the seller (message ' || msg || '); the reply was withdrawn', p_job
+    FROM unnest(done) AS x;
+    RETURN true;
+END
+$$;
+
 -- Claim a job for an attempt, taking every decision before any side effect. First the
 -- job's session advisory lock (p_lock_key; held across the platform call, released by
 -- chatq_record_sent or by the caller): a redelivered copy that arrives while the first
@@ -67,7 +99,7 @@ BEGIN
         RETURN;
     END IF;
     SELECT r.status, r.platform, r.account_id, r.chat_id, r.operation_ids AS ops, r.chat_key AS ck,
-           d.status AS d_status, d.text AS d_text, d.started_at AS d_started,
+           r.created_at AS created, d.status AS d_status, d.text AS d_text, d.started_at AS d_started,
            coalesce(d.maybe_sent, false) AS d_maybe, d.maybe_since AS d_since
     INTO j
     FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
@@ -94,6 +126,12 @@ BEGIN
     -- An attempt of this job may have reached the platform (its delivery says so now, or
     -- did once): whatever the latest attempt did, the reply may be there.
     reconciling := j.d_status IN ('sending', 'unknown') OR j.d_maybe;
+    IF NOT reconciling AND chatq_withdraw_if_seller_answered(p_job, j.ck, j.created, j.ops) THEN
+        outcome := 'skip';
+        reason := 'withdrawn: the seller answered the chat in person';
+        RETURN NEXT;
+        RETURN;
+    END IF;
     UPDATE reply_jobs r SET status = 'processing', attempts = p_attempt, updated_at = now() WHERE r.id = p_job;
 
     -- The job's messages. After an interrupted send every one stays (the reply that may be
@@ -203,14 +241,16 @@ $$;
 -- coalescer's emission does); if there were none, record the delivery intent ('sending', committed before the platform is
 -- called: from then on the send may have happened). Same per-chat lock as the coalescer.
 -- Returns the job's messages, all of them in platform order, when it folded some in; none
--- means the intent is recorded.
+-- means the intent is recorded; one row with withdrawn = true means the seller answered the
+-- chat in person since the job was built, and the job is withdrawn (nothing recorded).
 DROP FUNCTION IF EXISTS chatq_before_send(uuid, text, text, integer, boolean);
+DROP FUNCTION IF EXISTS chatq_before_send(uuid, text, text, integer, boolean, integer, integer);
 CREATE OR REPLACE FUNCTION chatq_before_send(
     p_job uuid, p_chat_key text, p_text text, p_attempt integer, p_fold boolean, p_max_messages integer,
     p_max_chars integer
 )
 RETURNS TABLE (pos bigint, operation_id uuid, message_id text, text text, sent_at timestamptz,
-               received_at timestamptz)
+               received_at timestamptz, withdrawn boolean)
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
@@ -218,11 +258,17 @@ DECLARE
     ids uuid[] := '{}';
     n integer;
     chars bigint;
+    job_created timestamptz;
 BEGIN
     IF p_fold THEN
         PERFORM pg_advisory_xact_lock(hashtextextended(p_chat_key, 0));
         SELECT cw.id INTO w FROM chat_windows cw WHERE cw.chat_key = p_chat_key AND cw.status = 'open'
             AND NOT chatq_earlier_in_transit(cw.platform, cw.account_id, cw.chat_id, cw.last_at)
+            -- Nothing folds into a reply the seller has overtaken, or while they hold the chat.
+            AND NOT EXISTS (
+                SELECT 1 FROM chats c JOIN reply_jobs r ON r.id = p_job
+                WHERE c.chat_key = p_chat_key
+                  AND (c.held_until > clock_timestamp() OR c.seller_wrote_at > r.created_at))
         FOR UPDATE;
         IF FOUND THEN
             -- Only while the job stays within what one job carries; past it, the window
@@ -255,7 +301,14 @@ BEGIN
         UPDATE operations SET job_id = p_job, status = 'replying', updated_at = now()
         WHERE id = ANY(ids) AND status = ANY(chatq_operation_sources('replying'));
         -- Every message of the grown job, in platform order.
-        RETURN QUERY SELECT m.* FROM chatq_job_messages(ids) m ORDER BY m.pos;
+        RETURN QUERY SELECT m.*, false FROM chatq_job_messages(ids) m ORDER BY m.pos;
+        RETURN;
+    END IF;
+    -- The last moment to step back: the seller answered the chat in person since this
+    -- reply was built. Nothing was sent; the reply is withdrawn.
+    SELECT r.created_at, r.operation_ids INTO job_created, ids FROM reply_jobs r WHERE r.id = p_job;
+    IF chatq_withdraw_if_seller_answered(p_job, p_chat_key, job_created, ids) THEN
+        RETURN QUERY SELECT NULL::bigint, NULL::uuid, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz, true;
         RETURN;
     END IF;
     -- A new intent replaces the latest attempt's row, but never forgets that an earlier

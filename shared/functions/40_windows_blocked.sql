@@ -1,14 +1,24 @@
 -- A chat's next window waits while a reply job of the chat is in flight (pending or
--- processing): it is opened blocked (the coalescer's filing checks, under the chat's lock)
--- and this trigger unblocks it when the job ends, whoever ends it (a reply recorded, a
--- give-up, a supersede). It takes the same chat lock as filing, so a window opened while
--- the job ends is either seen here or sees the job ended. The scheduler reads ready
--- windows from an index and never scans blocked ones.
+-- processing), and while the seller holds the chat (they answered in person: chats.
+-- held_until): it is opened blocked (the coalescer's filing checks, under the chat's lock)
+-- and unblocked when the last reason ends: this trigger when the job ends, whoever ends it
+-- (a reply recorded, a give-up, a supersede), chatq_unblock_expired_holds when a hold
+-- runs out, chatq_resume_chat when a person hands the chat back. Each takes the same chat
+-- lock as filing, so a window opened meanwhile is either seen here or sees the change.
+-- The scheduler reads ready windows from an index and never scans blocked ones.
+
+-- Whether anything holds the chat's next window back.
+CREATE OR REPLACE FUNCTION chatq_chat_blocked(p_chat_key text) RETURNS boolean LANGUAGE sql STABLE AS $$
+    SELECT EXISTS (SELECT 1 FROM reply_jobs j WHERE j.chat_key = p_chat_key AND j.status IN ('pending', 'processing'))
+        OR EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = p_chat_key AND c.held_until > clock_timestamp())
+$$;
+
 CREATE OR REPLACE FUNCTION chatq_unblock_chat_window() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended(NEW.chat_key, 0));
     UPDATE chat_windows SET blocked = false
-    WHERE chat_key = NEW.chat_key AND status = 'open' AND blocked;
+    WHERE chat_key = NEW.chat_key AND status = 'open' AND blocked
+      AND NOT EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = NEW.chat_key AND c.held_until > clock_timestamp());
     RETURN NULL;
 END
 $$;
@@ -19,13 +29,33 @@ CREATE OR REPLACE TRIGGER reply_jobs_unblock_chat_window
     WHEN (OLD.status IN ('pending', 'processing') AND NEW.status NOT IN ('pending', 'processing'))
     EXECUTE FUNCTION chatq_unblock_chat_window();
 
--- The backstop, run by the job sweeper: any window blocked with no job of its chat in
--- flight is unblocked (returns how many).
+-- The backstop, run by the job sweeper: any window blocked with nothing holding it back
+-- is unblocked (returns how many).
 CREATE OR REPLACE FUNCTION chatq_unblock_orphan_windows() RETURNS integer LANGUAGE sql AS $$
     WITH u AS (
         UPDATE chat_windows w SET blocked = false
-        WHERE w.status = 'open' AND w.blocked
-          AND NOT EXISTS (SELECT 1 FROM reply_jobs j WHERE j.chat_key = w.chat_key AND j.status IN ('pending', 'processing'))
+        WHERE w.status = 'open' AND w.blocked AND NOT chatq_chat_blocked(w.chat_key)
         RETURNING 1)
     SELECT count(*)::int FROM u
+$$;
+
+-- Holds that ran out: their chats' windows go on (unless a job still holds them). Cheap:
+-- an index on the chats held now. Run by the scheduler on each pass; returns how many
+-- windows it unblocked.
+CREATE OR REPLACE FUNCTION chatq_unblock_expired_holds() RETURNS integer LANGUAGE plpgsql AS $$
+DECLARE
+    c record;
+    n integer := 0;
+    k integer;
+BEGIN
+    FOR c IN SELECT chat_key FROM chats WHERE held_until <= clock_timestamp() ORDER BY held_until LIMIT 500 LOOP
+        PERFORM pg_advisory_xact_lock(hashtextextended(c.chat_key, 0));
+        UPDATE chats SET held_until = NULL WHERE chat_key = c.chat_key AND held_until <= clock_timestamp();
+        UPDATE chat_windows SET blocked = false
+        WHERE chat_key = c.chat_key AND status = 'open' AND blocked AND NOT chatq_chat_blocked(c.chat_key);
+        GET DIAGNOSTICS k = ROW_COUNT;
+        n := n + k;
+    END LOOP;
+    RETURN n;
+END
 $$;

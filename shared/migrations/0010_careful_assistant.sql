@@ -3,16 +3,18 @@
 -- Telegram Business: a reply to a business chat is sent through the business connection.
 ALTER TABLE operations ADD COLUMN business_connection_id text CHECK (business_connection_id <> '');
 
--- The seller answered in person: the bot steps back from the chat until held_until.
+-- The seller answered in person (seller_wrote_at, with their message): replies built before
+-- are withdrawn, and the bot steps back from the chat until held_until (NULL: not held).
 ALTER TABLE chats
     ALTER COLUMN last_job_id DROP NOT NULL,
-    ADD COLUMN held_since timestamptz,
+    ADD COLUMN seller_wrote_at timestamptz,
+    ADD COLUMN seller_message_id text,
     ADD COLUMN held_until timestamptz,
-    ADD COLUMN held_by_message_id text,
     -- The chat's listing (Avito: title, price, url), for the reply writer; cached.
     ADD COLUMN listing jsonb,
     ADD COLUMN listing_fetched_at timestamptz,
-    ADD CONSTRAINT chats_hold_complete CHECK ((held_until IS NULL) = (held_since IS NULL));
+    ADD CONSTRAINT chats_held_by_the_seller CHECK (held_until IS NULL OR seller_wrote_at IS NOT NULL);
+-- Chats held now (a hold that runs out is cleared), for the scheduler and the ops page.
 CREATE INDEX chats_held ON chats (held_until) WHERE held_until IS NOT NULL;
 
 -- A reply longer than the platform takes goes out as parts, in order; each part's send is

@@ -20,6 +20,7 @@ TABLES: tuple[tuple[str, str, str, str, Lifecycle], ...] = (  # type: ignore[typ
     ("operation", "operations", "id", "status", operation.LIFECYCLE),
     ("job", "reply_jobs", "id", "status", job.LIFECYCLE),
     ("delivery", "deliveries", "job_id", "status", job.DELIVERY),
+    ("delivery_part", "delivery_parts", "job_id", "status", job.DELIVERY),
     ("account", "accounts", "account_id", "state", account.LIFECYCLE),
 )
 

@@ -129,3 +129,35 @@ async def test_sigterm_in_the_middle_of_a_reply_finishes_it_acks_it_and_exits_cl
     assert len(world.llm) == 1
     assert await pool.fetchval("SELECT status FROM reply_jobs") == "sent"
     assert await queues.depth("chatq.responder") == 0, "the finished job was acked, not left for redelivery"
+
+
+async def test_a_kill_between_the_parts_of_a_long_reply_sends_each_part_once_in_order(
+    settings, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    from services.responder.parts import split_reply
+
+    long = " ".join(
+        f"Sentence number {n} tells the buyer one more thing about the listing." for n in range(130)
+    )
+    world.llm_answer = long  # about 9,000 characters: three parts on Telegram
+    s = pipeline_settings(settings, world, llm_base_url=f"{world.url}/v1", llm_timeout_seconds=5)
+    receiver = await Receiver(s).start()
+    coalescer = await Worker("coalescer", s).start()
+    try:
+        doomed = await Worker("responder", s, CHATQ_FAULT_POINT="responder.between_parts").start()
+        operation_id = await post(receiver, "telegram", 401)
+        assert await doomed.wait_exit(within=30) == -signal.SIGKILL, doomed.log()
+        assert "FAULT POINT responder.between_parts" in doomed.log()
+        await doomed.stop()
+        assert len(world.replies_to("1301")) == 1  # the first part went out before the kill
+        healthy = await Worker("responder", s).start()
+        try:
+            doc = await settled(receiver, operation_id)
+        finally:
+            assert await healthy.stop() == 0, healthy.log()
+    finally:
+        await coalescer.stop()
+        await receiver.stop()
+    assert doc["status"] == "replied", doc
+    assert world.replies_to("1301") == split_reply(long, 4096)
+    assert len(world.llm) == 1, "the resumed job sent the rest of the same reply"

@@ -136,6 +136,8 @@ class FakeWorld:
     llm: list[dict[str, Any]] = field(default_factory=list)
     llm_in_flight: int = 0
     llm_max_in_flight: int = 0
+    #: When set, the model answers this text (a long reply, say) instead of echoing.
+    llm_answer: str | None = None
     llm_models: tuple[str, ...] = ("gpt-4o-mini",)
     alerts: list[dict[str, Any]] = field(default_factory=list)
     avito_tokens: set[str] = field(default_factory=set)
@@ -726,7 +728,7 @@ def fake_app(world: FakeWorld) -> FastAPI:
         body = await request.json()
         world.llm.append(body)
         last = body["messages"][-1]["content"]
-        text = "Answer to: " + " | ".join(last.splitlines())
+        text = world.llm_answer or "Answer to: " + " | ".join(last.splitlines())
         return JSONResponse(
             {
                 "id": "cmpl-1",

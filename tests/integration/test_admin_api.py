@@ -85,7 +85,7 @@ async def test_resolving_records_who_and_why_and_replied_manually_feeds_the_answ
     assert r.status_code == 200
     doc = await settled(api, a, "replied")
     assert doc["resolution"]["by"] == "anna"
-    assert doc["status_text"] == "reply sent: replied manually by anna: checked"
+    assert doc["status_text"] == "replied manually by anna: checked"
     assert await pool.fetchval("SELECT count(*) FROM chats WHERE chat_key = 'telegram:4242:73'") == 1
     r = await api.post(
         f"/v1/operations/{b}/resolve", headers=ADMIN, json={"resolution": "dismissed", "owner": "anna"}

@@ -66,13 +66,14 @@ async def test_a_telegram_message_repeated_under_a_new_update_id_is_still_one_op
     assert await pool.fetchval("SELECT count(*) FROM operations") == 1
 
 
-async def test_an_avito_message_is_stored_and_its_repeat_and_our_own_echo_are_not_answered(
+async def test_an_avito_message_is_stored_its_repeat_is_a_duplicate_and_one_the_account_wrote_is_the_sellers(
     settings, pool: asyncpg.Pool
 ) -> None:
     url = f"/v1/webhooks/avito/{AVITO_SECRET}"
     async with running_receiver(replace(settings, relay_enabled=False)) as (_, client):
         buyer = await client.post(url, json=avito_webhook("m-1"))
         repeat = await client.post(url, json=avito_webhook("m-1"))
+        # Written by the account itself and no reply of the bot's: the seller answered by hand.
         echo = await client.post(url, json=avito_webhook("m-2", author_id=777))
         system = await client.post(url, json=avito_webhook("m-3", type_="system", author_id=0))
         image = await client.post(url, json=avito_webhook("m-4", type_="image", text=None))
@@ -80,8 +81,13 @@ async def test_an_avito_message_is_stored_and_its_repeat_and_our_own_echo_are_no
     assert repeat.json()["operation_id"] == buyer.json()["operation_id"]
     rows = await pool.fetch("SELECT message_id, status, status_reason FROM operations ORDER BY message_id")
     assert [(r["message_id"], r["status"], r["status_reason"]) for r in rows] == [
-        ("m-1", "accepted", None),
-        ("m-2", "ignored", "our own message (echo)"),
+        ("m-1", "replied", "answered by the seller (message m-2)"),
+        (
+            "m-2",
+            "ignored",
+            "written by the seller: the replies not yet sent are withdrawn and the bot steps back from this "
+            "chat for 60 min",
+        ),
         ("m-3", "ignored", "Avito system message"),
         ("m-4", "ignored", "unsupported message type (image)"),
     ]

@@ -31,6 +31,25 @@ async function load() {
   }));
   const { operations } = await api("/v1/operations?status=failed,needs_review&limit=200");
   $("rows").replaceChildren(...operations.map(row));
+  const { chats } = await api("/v1/chats?held=true");
+  $("held").replaceChildren(...chats.map(heldRow));
+}
+function heldRow(c) {
+  const tr = document.createElement("tr");
+  tr.dataset.chat = c.chat;
+  for (const text of [c.chat, new Date(c.held_until).toLocaleString(), c.waiting_messages]) {
+    const td = document.createElement("td"); td.textContent = text; tr.appendChild(td);
+  }
+  const td = document.createElement("td");
+  const b = document.createElement("button"); b.textContent = "Resume"; b.className = "primary";
+  b.onclick = async () => {
+    if (!confirm(`Hand ${c.chat} back to the bot now?`)) return;
+    try { await api(`/v1/chats/${encodeURIComponent(c.chat)}/resume`, { method: "POST" }); $("flash").textContent = `${c.chat} is the bot's again`; }
+    catch (e) { $("flash").textContent = `resume failed: ${e.message}`; }
+    await load();
+  };
+  td.appendChild(b); tr.appendChild(td);
+  return tr;
 }
 function row(op) {
   const tr = document.createElement("tr");

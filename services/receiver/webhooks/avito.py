@@ -77,8 +77,10 @@ def normalise(data: object, raw: str) -> Intake:
     account_id = str(value.user_id)
     text = value.content.text if value.content else None
     reason: str | None = None
-    if value.author_id == value.user_id:
-        reason = "our own message (echo)"
+    written_by_account = value.author_id == value.user_id
+    if written_by_account:
+        # Our own reply coming back, or the seller answering by hand: decided when stored.
+        reason = "written by the account"
     elif value.type == "system":
         reason = "Avito system message"
     elif value.type != "text" or text is None:
@@ -96,6 +98,7 @@ def normalise(data: object, raw: str) -> Intake:
         sent_at=epoch_to_datetime(value.created),
         payload=raw,
         ignored_reason=reason,
+        written_by_seller=written_by_account,
     )
 
 

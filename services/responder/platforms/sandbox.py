@@ -13,7 +13,7 @@ from .base import Sent, SentQuery
 
 class SandboxPlatform:
     name = "sandbox"
-    max_text = 4096
+    max_text = 1_000_000  # our own page: one part, whatever the length
     idempotent = True
     can_reconcile = True
 
