@@ -102,8 +102,11 @@ def _status(api: Api, args: argparse.Namespace) -> str:
         )
     if op.get("owner"):
         lines.append(f"owner      {op['owner']}")
-    lines.append("timeline")
-    lines += [f"  {e['at']}  {e['event']}" for e in op.get("timeline", [])]
+    lines.append("record (who decided what, and when)")
+    lines += [
+        f"  {e['at']}  {e['event']}" + (f"  [by {e['by']}]" if e.get("by") else "")
+        for e in op.get("timeline", [])
+    ]
     return "\n".join(lines)
 
 
@@ -182,11 +185,17 @@ def _stats(api: Api, args: argparse.Namespace) -> str:
         [
             backlog,
             "",
-            f"oldest unfinished     {age(s['oldest_unfinished_age_seconds'])}",
-            f"last 24 h             received {d['received']}, replied {d['replied']}, failed {d['failed']}, needs review {d['needs_review']}",
-            f"failed share          {d['failed_share'] * 100:.1f} %",
-            f"retries               {d['retries']}",
-            f"receipt to reply      p50 {age(d['receipt_to_reply_p50_seconds'])}, p95 {age(d['receipt_to_reply_p95_seconds'])}",
+            f"backlog                     {s['backlog_total']} unfinished",
+            f"receipt-to-reply (24 h)     p50 {age(d['receipt_to_reply_p50_seconds'])}, "
+            f"p95 {age(d['receipt_to_reply_p95_seconds'])}",
+            f"failed share (24 h)         {d['failed_share'] * 100:.1f} %",
+            f"retries (24 h)              {d['retries']} ({d['automatic_retries']} automatic, "
+            f"{d['person_retries']} by a person)",
+            f"oldest unfinished           {age(s['oldest_unfinished_age_seconds'])}",
+            f"events (24 h)               received {d['received']}, replied {d['replied']}, "
+            f"answered by the seller {d['answered_by_seller']}, failed {d['failed']}, "
+            f"needs review {d['needs_review']}, resolved {d['resolved']}, ignored {d['ignored']}, "
+            f"duplicates {d['duplicates']}",
         ]
     )
 
@@ -249,7 +258,9 @@ def parser() -> argparse.ArgumentParser:
         prog="chatq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
     sub = p.add_subparsers(dest="command", required=True)
-    s = sub.add_parser("status", help="one operation: status, reply or error, timeline")
+    s = sub.add_parser(
+        "status", aliases=["show"], help="one operation: status, reply or error, and its record of events"
+    )
     s.add_argument("operation_id")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=_status, api=True)

@@ -67,6 +67,19 @@ _LOCK_CHAT_WINDOW = "SELECT * FROM chatq_lock_chat_window($1, $2)"
 # and the operation's status.
 _FILED = """
 , filed AS (INSERT INTO window_messages (operation_id, window_id) SELECT $2, id FROM w)
+, held AS (SELECT c.held_until FROM chats c WHERE c.chat_key = $6 AND c.held_until > now())
+, ev AS (
+    INSERT INTO operation_events (operation_id, kind, detail)
+    SELECT $2,
+           CASE WHEN held.held_until IS NULL THEN 'filed' ELSE 'held' END,
+           CASE WHEN held.held_until IS NULL
+                THEN 'filed in the chat''s window, waiting for the buyer to finish typing (due '
+                     || to_char($4::timestamptz AT TIME ZONE 'UTC', 'HH24:MI:SS') || ' UTC)'
+                ELSE 'filed in the chat''s window; the seller holds the chat until '
+                     || to_char(held.held_until AT TIME ZONE 'UTC', 'HH24:MI') || ' UTC'
+           END
+    FROM w LEFT JOIN held ON true
+)
 UPDATE operations SET status = 'waiting', updated_at = now()
 WHERE id = $2 AND status IN ('accepted', 'queued')
 """
@@ -89,7 +102,7 @@ WITH w AS (
 _FILE_ADDING = (
     """
 WITH w AS (
-    UPDATE chat_windows SET last_at = $3, due_at = $4, message_count = $5 WHERE id = $1 RETURNING id
+    UPDATE chat_windows SET last_at = $3, due_at = $4, message_count = $5 WHERE id = $1 AND chat_key = $6 RETURNING id
 )
 """
     + _FILED
@@ -222,8 +235,9 @@ class Coalescer:
                 window.last_at,
                 window.due_at,
                 window.message_count,
+                key,
                 *(
-                    (key, inbound.platform, inbound.account_id, inbound.chat_id, window.first_at,
+                    (inbound.platform, inbound.account_id, inbound.chat_id, window.first_at,
                      window.deadline_at, window.delay_seconds)
                     if opened
                     else ()
@@ -424,6 +438,11 @@ class Coalescer:
         )
         await conn.execute(
             """
+            WITH ev AS (
+                INSERT INTO operation_events (operation_id, kind, detail, job_id)
+                SELECT v.operation_id, 'emitted', 'in a reply job: the buyer paused, one reply answers the burst', v.job_id
+                FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
+            )
             UPDATE operations o SET job_id = v.job_id, updated_at = $3
             FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
             WHERE o.id = v.operation_id
@@ -459,9 +478,14 @@ class Coalescer:
         )
         failed = await conn.fetch(
             """
-            UPDATE operations SET status = 'failed', status_reason = $2, owner = $3, updated_at = now()
-            WHERE id = ANY($1::uuid[]) AND status = ANY(chatq_operation_sources('failed'))
-            RETURNING id
+            WITH up AS (
+                UPDATE operations SET status = 'failed', status_reason = $2, owner = $3, updated_at = now()
+                WHERE id = ANY($1::uuid[]) AND status = ANY(chatq_operation_sources('failed'))
+                RETURNING id
+            ), ev AS (
+                INSERT INTO operation_events (operation_id, kind, detail, actor) SELECT id, 'failed', 'failed: ' || $2, $3 FROM up
+            )
+            SELECT id FROM up
             """,
             ids,
             reason,

@@ -109,7 +109,14 @@ WITH clock AS (SELECT clock_timestamp() AS now), op AS (
            $10, $11, clock.now, $12::text::json
     FROM clock
     ON CONFLICT DO NOTHING
-    RETURNING id, platform, account_id, chat_id, message_id, author_id, text, sent_at, received_at, status
+    RETURNING id, platform, account_id, chat_id, message_id, author_id, text, sent_at, received_at, status,
+              status_reason
+), ev AS (
+    INSERT INTO operation_events (operation_id, kind, detail)
+    SELECT op.id, CASE WHEN op.status = 'ignored' THEN 'ignored' ELSE 'received' END,
+           CASE WHEN op.status = 'ignored' THEN 'stored; not for the bot: ' || op.status_reason
+                ELSE 'received and stored' END
+    FROM op
 ), ob AS (
     INSERT INTO outbox (exchange, routing_key, message_id, ordering_key, operation_id, body)
     SELECT $13, $14, op.id::text, chatq_chat_key(op.platform, op.account_id, op.chat_id), op.id,
@@ -136,7 +143,9 @@ op AS (
            CASE WHEN echo.yes THEN 'our own message (echo)' ELSE $10 END, clock.now, $11::text::json
     FROM clock, echo
     ON CONFLICT DO NOTHING
-    RETURNING id, status, sent_at
+    RETURNING id, status, sent_at, status_reason
+), ev AS (
+    INSERT INTO operation_events (operation_id, kind, detail) SELECT op.id, 'ignored', op.status_reason FROM op
 ), seller AS (
     SELECT chatq_seller_wrote($2, $3, $5, $6, op.sent_at, $12) AS answered FROM op, echo WHERE NOT echo.yes
 )
@@ -238,6 +247,10 @@ async def _existing(pool: asyncpg.Pool, intake: Intake) -> Stored:
             "event_id_reused",
             f"event id {intake.event_id!r} already names another message; send each message with its own id",
         )
+    await pool.execute(
+        "SELECT chatq_log(ARRAY[$1]::uuid[], 'duplicate', 'delivered again by the platform; stored once')",
+        existing["id"],
+    )
     return Stored(existing["id"], existing["status"], duplicate=True)
 
 

@@ -36,6 +36,9 @@ def status_text(status: str, reason: str | None, replied_at: datetime | None = N
     if status == "replied" and reason:
         # Answered, but not by the bot's reply: by the seller in person, or a person's resolve.
         return reason
+    if status == "ignored" and reason and reason.startswith("dismissed by "):
+        # A person's decision, not a message that was never for the bot.
+        return reason
     if status == "needs_review":
         return (
             f"{STATUS_TEXT[status]}: {reason}"
@@ -85,7 +88,7 @@ async def get_operation(operation_id: str, request: Request) -> dict[str, Any]:
     if row is None:
         raise ApiError(404, "operation_not_found", f"no operation {op_id}")
     doc = operation_document(row)
-    doc["timeline"] = await timeline(pool, row)
+    doc["timeline"] = await timeline(pool, op_id)
     return doc
 
 
@@ -200,6 +203,7 @@ async def retry_operation(
             "retried",
             actor=who.by,
             detail=("re-send confirmed" if row["status"] == "needs_review" else "retried")
+            + f" by {who.by}"
             + (f": {who.note}" if who.note else ""),
             job_id=row["job_id"],
         )
@@ -359,25 +363,29 @@ async def collect_stats(pool: asyncpg.Pool) -> dict[str, Any]:
         [*UNFINISHED, *ACTIONABLE],
     ):
         backlog[r["status"]] = {"count": r["n"], "oldest_age_seconds": round(r["oldest"], 3)}
+    # Counted from the event record by when each event happened: a failure resolved later
+    # still failed today, an ignored message was never "received" for the bot.
     day = await pool.fetchrow(
         """
-        SELECT count(*) FILTER (WHERE status = 'replied') AS replied,
-               count(*) FILTER (WHERE status = 'failed') AS failed,
-               count(*) FILTER (WHERE status = 'needs_review') AS needs_review,
-               count(*) FILTER (WHERE status <> 'ignored') AS received,
-               coalesce(sum(retries), 0) AS manual_retries
-        FROM operations WHERE received_at > now() - interval '24 hours'
+        SELECT count(*) FILTER (WHERE kind = 'received') AS received,
+               count(*) FILTER (WHERE kind = 'ignored') AS ignored,
+               count(*) FILTER (WHERE kind = 'duplicate') AS duplicates,
+               count(*) FILTER (WHERE kind = 'replied') AS replied,
+               count(*) FILTER (WHERE kind = 'answered_by_seller') AS answered_by_seller,
+               count(*) FILTER (WHERE kind = 'failed') AS failed,
+               count(*) FILTER (WHERE kind = 'needs_review') AS needs_review,
+               count(*) FILTER (WHERE kind = 'resolved') AS resolved,
+               count(DISTINCT (job_id, detail)) FILTER (WHERE kind = 'retry_scheduled') AS automatic_retries,
+               count(*) FILTER (WHERE kind = 'retried') AS person_retries
+        FROM operation_events WHERE at > now() - interval '24 hours'
         """
-    )
-    retries = await pool.fetchval(
-        "SELECT coalesce(sum(greatest(attempts - 1, 0)), 0) FROM reply_jobs WHERE created_at > now() - interval '24 hours'"
     )
     p50, p95 = await pool.fetchrow(
         """
-        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM j.sent_at - o.received_at)),
-               percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM j.sent_at - o.received_at))
-        FROM operations o JOIN reply_jobs j ON j.id = o.job_id
-        WHERE o.status = 'replied' AND j.status = 'sent' AND o.received_at > now() - interval '24 hours'
+        SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - o.received_at)),
+               percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - o.received_at))
+        FROM operation_events e JOIN operations o ON o.id = e.operation_id
+        WHERE e.kind = 'replied' AND e.at > now() - interval '24 hours'
         """
     )
     accounts = [
@@ -390,57 +398,75 @@ async def collect_stats(pool: asyncpg.Pool) -> dict[str, Any]:
         }
         for r in await account_state.paused(pool)
     ]
-    finished = day["replied"] + day["failed"] + day["needs_review"]
+    finished = day["replied"] + day["answered_by_seller"] + day["failed"] + day["needs_review"]
     unfinished = [b for s, b in backlog.items() if s in UNFINISHED and b["count"]]
     return {
         "paused_accounts": accounts,
         "backlog": backlog,
+        "backlog_total": sum(b["count"] for s, b in backlog.items() if s in UNFINISHED),
         "oldest_unfinished_age_seconds": max((b["oldest_age_seconds"] for b in unfinished), default=0.0),
         "last_24h": {
             "received": day["received"],
+            "ignored": day["ignored"],
+            "duplicates": day["duplicates"],
             "replied": day["replied"],
+            "answered_by_seller": day["answered_by_seller"],
             "failed": day["failed"],
             "needs_review": day["needs_review"],
-            "failed_share": round(day["failed"] / finished, 4) if finished else 0.0,
-            "retries": int(retries) + int(day["manual_retries"]),
+            "resolved": day["resolved"],
+            "failed_share": round((day["failed"] + day["needs_review"]) / finished, 4) if finished else 0.0,
+            "retries": day["automatic_retries"] + day["person_retries"],
+            "automatic_retries": day["automatic_retries"],
+            "person_retries": day["person_retries"],
             "receipt_to_reply_p50_seconds": round(p50, 3) if p50 is not None else None,
             "receipt_to_reply_p95_seconds": round(p95, 3) if p95 is not None else None,
         },
     }
 
 
-async def timeline(pool: asyncpg.Pool, row: asyncpg.Record) -> list[dict[str, Any]]:
-    """What happened to the operation, in order, from the timestamps the pipeline keeps."""
-    events: list[tuple[datetime, str]] = [(row["received_at"], "received and stored")]
-    filed = await pool.fetchval("SELECT added_at FROM window_messages WHERE operation_id = $1", row["id"])
-    if filed:
-        events.append((filed, "filed in the chat's window (waiting for the buyer to finish typing)"))
-    if row["job_id"]:
-        events.append((row["job_created_at"], "reply job created"))
-        d = await pool.fetchrow(
-            "SELECT status, attempt, started_at, finished_at, error FROM deliveries WHERE job_id = $1",
-            row["job_id"],
-        )
-        if d is not None:
-            events.append((d["started_at"], f"sending the reply (attempt {d['attempt']})"))
-            if d["finished_at"] and d["status"] != "sent":
-                events.append(
-                    (
-                        d["finished_at"],
-                        f"send {d['status'].replace('_', ' ')}: {d['error'] or ''}".rstrip(": "),
-                    )
-                )
-        if row["reply_sent_at"]:
-            events.append((row["reply_sent_at"], "reply sent"))
-        elif row["job_status"] in ("failed", "needs_review"):
-            events.append(
-                (row["updated_at"], f"{row['job_status'].replace('_', ' ')}: {row['error_message']}")
-            )
-    if row["resolved_at"]:
-        events.append((row["resolved_at"], row["status_reason"] or "resolved"))
-    if row["status"] == "ignored" and not row["resolved_at"]:
-        events.append((row["updated_at"], f"ignored: {row['status_reason']}"))
-    return [{"at": _iso(at), "event": text} for at, text in sorted(events, key=lambda e: e[0])]
+#: What each kind of event in an operation's record means, for a reader (the record's
+#: ``detail`` says the specifics: which attempt, what error, whose note).
+EVENT_WORDS = {
+    "received": "received and stored",
+    "ignored": "stored; not for the bot",
+    "duplicate": "delivered again by the platform; stored once",
+    "recovered": "recovered by polling (the webhook never brought it)",
+    "filed": "filed in the chat's window",
+    "held": "filed; the seller holds the chat",
+    "emitted": "in a reply job",
+    "attempt": "attempt to reply",
+    "folded": "joined the reply being written",
+    "part_sent": "part of the reply sent",
+    "replied": "reply sent",
+    "answered_by_seller": "answered by the seller",
+    "attempt_failed": "attempt failed",
+    "retry_scheduled": "retry scheduled",
+    "failed": "failed",
+    "needs_review": "needs review",
+    "retried": "retried by a person",
+    "resolved": "resolved by a person",
+}
+
+
+async def timeline(pool: asyncpg.Pool, operation_id: uuid.UUID) -> list[dict[str, Any]]:
+    """The operation's record, oldest first: each event as it was written, in the
+    transaction of the change it records (operation_events). Nothing is rebuilt from the
+    current rows, so a retry keeps the first attempt's events and a resolve keeps the
+    failure it closed."""
+    rows = await pool.fetch(
+        "SELECT at, kind, actor, detail, job_id FROM operation_events WHERE operation_id = $1 ORDER BY id",
+        operation_id,
+    )
+    return [
+        {
+            "at": _iso(r["at"]),
+            "kind": r["kind"],
+            "event": r["detail"] or EVENT_WORDS.get(r["kind"], r["kind"]),
+            "by": r["actor"],
+            "job_id": str(r["job_id"]) if r["job_id"] else None,
+        }
+        for r in rows
+    ]
 
 
 def operation_document(row: asyncpg.Record) -> dict[str, Any]:

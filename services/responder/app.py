@@ -113,6 +113,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         prefetch=settings.responder_concurrency,
         retry=RetryTiers(ConfirmingPublisher(retry_broker), settings.retry_delays(), settings.max_attempts),
         on_give_up=responder.give_up,
+        on_retry=responder.retry_scheduled,
         delivery_limit=topology.queue(RESPONDER_QUEUE).delivery_limit,
     )
     dead = Consumer(

@@ -375,6 +375,16 @@ class Responder:
             return
         await self._give_up(self._store, job_id, kind, reason)
 
+    async def retry_scheduled(
+        self, message: AbstractIncomingMessage, attempt: int, delay: float, _: str
+    ) -> None:
+        """Consumer hook once a job is in its retry tier: the record says when it comes back."""
+        try:
+            job_id = uuid.UUID(message.message_id or "")
+        except ValueError:
+            return
+        await self._store.retry_scheduled(job_id, attempt, delay)
+
     async def dead_lettered(self, message: AbstractIncomingMessage, reason: str) -> None:
         """The dead-letter recorder's hook: a job that reached chatq.responder.dead without
         a give-up (the broker's delivery limit after crashes) goes to a person too."""

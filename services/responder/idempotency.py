@@ -137,6 +137,20 @@ class JobStore:
         async with self.exclusive(job_id) as session:
             return await session.give_up(job_id, kind, reason, owner)
 
+    async def retry_scheduled(self, job_id: uuid.UUID, attempt: int, delay: float) -> None:
+        """On the record of each of the job's messages: when the next attempt comes (the
+        consumer's retry hook, once the job is in its retry tier)."""
+        await self._pool.execute(
+            """
+            SELECT chatq_log(operation_ids, 'retry_scheduled',
+                             'next: attempt ' || $2 || ' after the ' || $3 || 's retry tier', id)
+            FROM reply_jobs WHERE id = $1 AND status = 'pending'
+            """,
+            job_id,
+            str(attempt),
+            f"{delay:g}",
+        )
+
     async def pause_account(self, platform: str, account_id: str, reason: str, probe_in: float) -> bool:
         """The platform refused the account as a whole. True when it was active until now."""
         async with self._pool.acquire() as conn:
@@ -327,8 +341,13 @@ class JobSession:
                 WHERE job_id = $1 AND part = $2 AND status = ANY(chatq_delivery_part_sources($3))
                 RETURNING status
             )
-            UPDATE deliveries SET maybe_sent = true, maybe_since = coalesce(maybe_since, started_at)
-            WHERE job_id = $1 AND EXISTS (SELECT 1 FROM part WHERE part.status IN ('sent', 'unknown'))
+            , reply AS (
+                UPDATE deliveries SET maybe_sent = true, maybe_since = coalesce(maybe_since, started_at)
+                WHERE job_id = $1 AND EXISTS (SELECT 1 FROM part WHERE part.status IN ('sent', 'unknown'))
+            )
+            SELECT chatq_log(r.operation_ids, 'part_sent', 'part ' || $2 || ' of the reply sent (platform message '
+                             || $4 || ')', $1)
+            FROM reply_jobs r WHERE r.id = $1 AND EXISTS (SELECT 1 FROM part WHERE part.status = 'sent')
             """,
             job_id,
             number,
@@ -374,11 +393,19 @@ class JobSession:
         )
 
     async def record_retry(self, job_id: uuid.UUID, kind: str, reason: str) -> None:
-        """Back to pending until the retry tier hands it back; the chat stays blocked."""
+        """Back to pending until the retry tier hands it back; the chat stays blocked. The
+        attempt's outcome goes on the record of each of the job's messages (a wait for a
+        paused account is not an attempt, and is not recorded again and again)."""
         await self._conn.execute(
             """
-            UPDATE reply_jobs SET status = 'pending', error_kind = $2, error_message = $3, updated_at = now()
-            WHERE id = $1 AND status = ANY(chatq_job_sources('pending'))
+            WITH job AS (
+                UPDATE reply_jobs SET status = 'pending', error_kind = $2, error_message = $3, updated_at = now()
+                WHERE id = $1 AND status = ANY(chatq_job_sources('pending'))
+                RETURNING operation_ids, attempts
+            )
+            SELECT chatq_log(job.operation_ids, 'attempt_failed',
+                             'attempt ' || job.attempts || ' did not send (' || $2 || '): ' || $3, $1)
+            FROM job WHERE $2 <> 'account'
             """,
             job_id,
             kind,

@@ -9,7 +9,8 @@ returns                                 ack
 raises ``Reject``                       ``on_give_up``, then nack without requeue: the
                                         queue's DLX moves it to ``chatq.*.dead``
 raises ``RetryLater``                   a confirmed publish to the retry tier for the
-                                        next attempt (header ``chatq-attempt``), then
+                                        next attempt (header ``chatq-attempt``),
+                                        ``on_retry`` (for the record), then
                                         ack; when attempts are exhausted, ``on_give_up``
                                         then dead-letter. ``counts=False`` (waiting for
                                         another holder) republishes on the same attempt
@@ -122,6 +123,10 @@ def last_delivery(headers: dict[str, object] | None, delivery_limit: int | None)
 Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
 #: Called before a message is dead-lettered: (message, "permanent" | "exhausted", reason).
 GiveUpHook = Callable[[AbstractIncomingMessage, str, str], Awaitable[None]]
+#: Called once a retry is in its tier, before the ack: (message, next attempt, delay in
+#: seconds, reason). For the record a person reads; its failure is logged, never fatal
+#: (the message is in the tier already).
+RetryHook = Callable[[AbstractIncomingMessage, int, float, str], Awaitable[None]]
 
 #: Errors of an ack or nack on our own channel: it went away, the broker redelivers.
 _CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
@@ -137,6 +142,7 @@ class Consumer:
         prefetch: int,
         retry: RetryTiers | None = None,
         on_give_up: GiveUpHook | None = None,
+        on_retry: RetryHook | None = None,
         delivery_limit: int | None = None,
         requeue_pause: float = 1.0,
         max_backoff: float = 5.0,
@@ -147,6 +153,7 @@ class Consumer:
         self._prefetch = prefetch
         self._retry = retry
         self._on_give_up = on_give_up
+        self._on_retry = on_retry
         self._delivery_limit = delivery_limit
         self._requeue_pause = requeue_pause
         self._max_backoff = max_backoff
@@ -393,6 +400,13 @@ class Consumer:
             retry.max_attempts,
             error.reason,
         )
+        if self._on_retry is not None and error.counts:
+            try:
+                await self._on_retry(message, plan.next_attempt, plan.delay, error.reason)
+            except Exception as exc:
+                logger.warning(
+                    "could not record the retry of %s: %s: %s", message.message_id, type(exc).__name__, exc
+                )
         await self._ack(message)
 
     async def _requeue(self, message: AbstractIncomingMessage, error: BaseException | None) -> None:

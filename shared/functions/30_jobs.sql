@@ -160,6 +160,8 @@ BEGIN
     END LOOP;
 
     IF reconciling THEN
+        PERFORM chatq_log(ids, 'attempt', 'attempt ' || p_attempt || ': a send of this reply may have reached the chat; '
+                          || 'checking before anything more is sent', p_job);
         outcome := 'reconcile';
         delivery_status := CASE WHEN j.d_status IN ('sending', 'unknown') THEN j.d_status ELSE 'unknown' END;
         delivery_text := j.d_text;
@@ -194,6 +196,7 @@ BEGIN
             UPDATE operations op SET status = 'replying', job_id = p_job, updated_at = now()
             WHERE op.id = v AND op.status = ANY(chatq_operation_sources('replying'));
         END LOOP;
+        PERFORM chatq_log(ids, 'attempt', 'attempt ' || p_attempt || ': writing the reply', p_job);
         IF cardinality(ids) <> cardinality(j.ops) THEN
             UPDATE reply_jobs r
             SET operation_ids = ARRAY(
@@ -295,11 +298,13 @@ BEGIN
         END IF;
     END IF;
     IF cardinality(ids) > 0 THEN
+        UPDATE operations SET job_id = p_job, status = 'replying', updated_at = now()
+        WHERE id = ANY(ids) AND status = ANY(chatq_operation_sources('replying'));
+        PERFORM chatq_log(ids, 'folded', 'arrived while the reply was being written: the reply is written again '
+                          || 'to answer it too', p_job);
         UPDATE reply_jobs SET operation_ids = operation_ids || ids, folded = folded + 1, updated_at = now()
         WHERE id = p_job
         RETURNING operation_ids INTO ids;
-        UPDATE operations SET job_id = p_job, status = 'replying', updated_at = now()
-        WHERE id = ANY(ids) AND status = ANY(chatq_operation_sources('replying'));
         -- Every message of the grown job, in platform order.
         RETURN QUERY SELECT m.*, false FROM chatq_job_messages(ids) m ORDER BY m.pos;
         RETURN;
@@ -342,6 +347,7 @@ DECLARE
     o record;
     v uuid;
     received timestamptz[] := '{}';
+    replied uuid[] := '{}';
     latest chatq_order;
 BEGIN
     UPDATE reply_jobs r SET status = 'sent', reply_text = p_text, platform_message_id = p_platform_message_id,
@@ -361,6 +367,7 @@ BEGIN
         WHERE x.id = v AND x.status IN ('accepted', 'queued', 'waiting', 'replying')
         RETURNING x.sent_at, x.message_id, x.received_at INTO o;
         IF FOUND THEN
+            replied := replied || v;
             received := received || o.received_at;
             IF latest IS NULL OR latest < chatq_order(j.platform, o.sent_at, o.message_id, o.received_at) THEN
                 latest := chatq_order(j.platform, o.sent_at, o.message_id, o.received_at);
@@ -371,6 +378,7 @@ BEGIN
         PERFORM chatq_advance_last_answered(j.chat_key, j.platform, latest.sent_at, latest.message_id,
                                             latest.received_at, j.at, p_job);
     END IF;
+    PERFORM chatq_log(replied, 'replied', 'reply sent (platform message ' || p_platform_message_id || ')', p_job);
     PERFORM pg_advisory_unlock(p_lock_key);
     RETURN QUERY SELECT j.at, received;
 END
@@ -431,6 +439,7 @@ BEGIN
             changed := changed || v;
         END IF;
     END LOOP;
+    PERFORM chatq_log(changed, target, replace(target, '_', ' ') || ': ' || why, p_job, p_owner);
     PERFORM pg_advisory_unlock(p_lock_key);
     outcome := target;
     chat_key := j.ck;

@@ -89,9 +89,14 @@ async def fail_unfiled(conn: asyncpg.Connection, operation_id: uuid.UUID, reason
     its reply. Returns whether the operation changed."""
     status = await conn.fetchval(
         """
-        UPDATE operations SET status = 'failed', status_reason = $2, owner = $3, updated_at = now()
-        WHERE id = $1 AND status IN ('accepted', 'queued')
-        RETURNING status
+        WITH up AS (
+            UPDATE operations SET status = 'failed', status_reason = $2, owner = $3, updated_at = now()
+            WHERE id = $1 AND status IN ('accepted', 'queued')
+            RETURNING id, status
+        ), ev AS (
+            INSERT INTO operation_events (operation_id, kind, detail, actor) SELECT id, 'failed', 'failed: ' || $2, $3 FROM up
+        )
+        SELECT status FROM up
         """,
         operation_id,
         reason[:500],

@@ -53,9 +53,13 @@ async def test_a_failed_operation_is_retried_through_the_outbox_and_replied_once
     assert doc["retries"] == 1
     assert doc["job"]["id"] != failed["job"]["id"]
     assert len(world.replies_to("71")) == 1
-    events = [e["event"] for e in doc["timeline"]]
-    assert events[0] == "received and stored"
-    assert "reply sent" in events
+    # The record keeps the first attempt and says who retried it.
+    record = doc["timeline"]
+    assert [e["kind"] for e in record] == [
+        "received", "filed", "emitted", "attempt", "failed", "retried", "filed", "emitted", "attempt", "replied",
+    ]  # fmt: skip
+    assert record[4]["job_id"] == failed["job"]["id"] and "HTTP 400" in record[4]["event"]
+    assert record[5]["by"] == "admin" and record[9]["job_id"] == doc["job"]["id"]
 
 
 async def test_a_replied_operation_cannot_be_retried_so_a_retry_never_makes_a_second_reply(

@@ -138,9 +138,14 @@ async def test_a_confirmed_resend_of_a_needs_review_message_is_recorded_and_send
         await pool.fetchval("SELECT status FROM reply_jobs WHERE id = $1", uuid.UUID(old_job)) == "superseded"
     )
     event = await pool.fetchrow(
-        "SELECT kind, actor, detail FROM operation_events WHERE operation_id = $1", uuid.UUID(op)
+        "SELECT kind, actor, detail FROM operation_events WHERE operation_id = $1 AND kind = 'retried'",
+        uuid.UUID(op),
     )
-    assert dict(event) == {"kind": "retried", "actor": "anna", "detail": "re-send confirmed: not in the chat"}
+    assert dict(event) == {
+        "kind": "retried",
+        "actor": "anna",
+        "detail": "re-send confirmed by anna: not in the chat",
+    }
 
 
 # ---- 4. Avito reconciliation never takes an earlier reply for this one ----------------

@@ -52,6 +52,12 @@ async def test_finished_rows_past_the_period_are_purged_and_what_a_person_holds_
     assert (await counts(pool))["chats"] == before["chats"] == 1
     doc = (await pipeline.client.get(f"/v1/operations/{failed}", headers=ADMIN)).json()
     assert doc["status"] == "failed"
+    # The event record leaves with its operation, and only with it.
+    assert (
+        await pool.fetchval("SELECT count(*) FROM operation_events WHERE operation_id::text = $1", replied)
+        == 0
+    )
+    assert [e["kind"] for e in doc["timeline"]][-1] == "failed"
 
 
 async def test_one_replica_purges_at_a_time(pool: asyncpg.Pool) -> None:

@@ -12,15 +12,15 @@ const age = (s) => s < 90 ? `${Math.round(s)} s` : s < 5400 ? `${Math.round(s / 
 function card(label, value) { const d = document.createElement("div"); d.className = "card"; d.innerHTML = `<span></span><b></b>`; d.firstChild.textContent = label; d.lastChild.textContent = value; return d; }
 async function load() {
   const s = await api("/v1/stats");
-  const backlog = Object.entries(s.backlog).filter(([k]) => !["failed", "needs_review"].includes(k)).reduce((n, [, v]) => n + v.count, 0);
   const day = s.last_24h;
+  // The four numbers, named as in the README, the dashboard and the alerts.
   $("stats").replaceChildren(
-    card("backlog", backlog),
-    card("oldest unfinished", age(s.oldest_unfinished_age_seconds)),
-    card("reply time p50 / p95 (24 h)", day.receipt_to_reply_p50_seconds == null ? "–" : `${age(day.receipt_to_reply_p50_seconds)} / ${age(day.receipt_to_reply_p95_seconds)}`),
-    card("failed share (24 h)", `${(day.failed_share * 100).toFixed(1)} %`),
-    card("retries (24 h)", day.retries),
-    card("failed / needs review", `${s.backlog.failed.count} / ${s.backlog.needs_review.count}`),
+    card("Backlog", s.backlog_total),
+    card("Receipt-to-reply p50 / p95 (24 h)", day.receipt_to_reply_p50_seconds == null ? "–" : `${age(day.receipt_to_reply_p50_seconds)} / ${age(day.receipt_to_reply_p95_seconds)}`),
+    card("Failed share (24 h)", `${(day.failed_share * 100).toFixed(1)} %`),
+    card("Retries (24 h)", day.retries),
+    card("Oldest unfinished", age(s.oldest_unfinished_age_seconds)),
+    card("Waiting for a person: failed / needs review", `${s.backlog.failed.count} / ${s.backlog.needs_review.count}`),
   );
   // A paused account: its replies wait (none is lost) until the platform accepts it again.
   $("accounts").replaceChildren(...s.paused_accounts.map((a) => {
@@ -102,7 +102,7 @@ async function detail(id) {
   const h = document.createElement("h3"); h.textContent = `Operation ${op.id}`; d.appendChild(h);
   const st = document.createElement("p"); st.id = "detail-status"; st.dataset.status = op.status; st.textContent = `${op.status}: ${op.status_text}`; d.appendChild(st);
   const ul = document.createElement("ul");
-  for (const ev of op.timeline) { const li = document.createElement("li"); li.textContent = `${new Date(ev.at).toLocaleString()} — ${ev.event}`; ul.appendChild(li); }
+  for (const ev of op.timeline) { const li = document.createElement("li"); li.dataset.kind = ev.kind; li.textContent = `${new Date(ev.at).toLocaleString()} — ${ev.event}` + (ev.by ? ` (by ${ev.by})` : ""); ul.appendChild(li); }
   d.appendChild(ul);
 }
 function show() {
