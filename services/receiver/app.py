@@ -255,6 +255,9 @@ async def _start(settings: Settings) -> Runtime:
     dsn = settings.database_url.get_secret_value()
     if settings.migrate_on_start:
         await migrate_dsn(dsn)
+    metrics.create_known_series(
+        "receiver", ["telegram", "avito", "generic", *(["sandbox"] if settings.sandbox_active else [])]
+    )
     pool = await create_pool(dsn, size=settings.database_pool_size)
     broker = BrokerConnection(
         settings.amqp_url.get_secret_value(),

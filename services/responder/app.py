@@ -10,6 +10,7 @@ import logging
 import asyncpg
 import httpx
 
+from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer, RetryTiers
@@ -92,6 +93,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         timeout=timeout, limits=httpx.Limits(max_connections=settings.responder_concurrency * 2)
     )
     platforms = build_platforms(settings, client, pool)
+    metrics.create_known_series("responder", platforms)
     writer = build_writer(settings)
     responder = Responder(
         JobStore(pool, history=settings.history_messages, caps=settings.job_caps()),
