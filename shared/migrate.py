@@ -252,7 +252,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     settings = Settings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, service="migrate", fmt=settings.log_format)
     dsn = settings.database_url.get_secret_value()
     if args.wait is not None:
         missing = asyncio.run(wait_until_current(dsn, within=args.wait))

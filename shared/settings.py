@@ -92,6 +92,9 @@ class Settings(BaseSettings):
 
     env: Literal["development", "production"] = "development"
     log_level: str = "INFO"
+    # text: one readable line an event; json: one JSON object a line (time with its
+    # offset, level, logger, message, operation or job id, traceback as one field).
+    log_format: Literal["text", "json"] = "text"
 
     database_url: SecretStr = SecretStr(LOCAL_DATABASE_URL)
     database_pool_size: int = Field(default=10, ge=1, le=200)

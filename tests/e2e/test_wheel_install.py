@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import secrets
+import shutil
 import subprocess
 import sys
 import sysconfig
@@ -45,9 +46,17 @@ def run(*cmd: str | Path, cwd: Path, env: dict[str, str] | None = None) -> subpr
 def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     """The python of a fresh virtualenv holding the chatqueue wheel built from the checkout."""
     work = tmp_path_factory.mktemp("wheel-install")
+    # The image's build context (.dockerignore): these files only, and no build/ left over
+    # from an earlier build in the checkout to smuggle files into the wheel.
+    source = work / "source"
+    source.mkdir()
+    for name in ("pyproject.toml", "constraints.txt", "README.md"):
+        shutil.copy(ROOT / name, source / name)
+    for name in ("shared", "services"):
+        shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     wheels = work / "wheels"
     # Build isolation, as `pip install .` in the Dockerfile does: a clean setuptools.
-    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", wheels, ROOT, cwd=work)
+    run(sys.executable, "-m", "pip", "wheel", "--no-deps", "--quiet", "-w", wheels, source, cwd=work)
     (wheel,) = wheels.glob("chatqueue-*.whl")
     venv = work / "venv"
     run(sys.executable, "-m", "venv", "--without-pip", venv, cwd=work)
