@@ -26,6 +26,7 @@ GUARDED_SECRETS = (
     "generic_reply_secret",
     "alert_webhook_secret",
     "admin_token",
+    "admin_token_previous",
 )
 MIN_SECRET_LENGTH = 16
 # What the example files and tutorials put where a secret goes (compared lower-case).
@@ -150,6 +151,9 @@ class Settings(BaseSettings):
 
     # Operations
     admin_token: SecretStr | None = None
+    # During a rotation, the token being replaced: accepted beside ADMIN_TOKEN until every
+    # client has the new one, then unset (README "Rotating secrets").
+    admin_token_previous: SecretStr | None = None
     # Where the chatq CLI finds the admin API; unset: this machine's ADMIN_PORT, else HTTP_PORT.
     admin_url: str | None = None
     # The built-in sandbox chat: on in development, off under the production guards unless enabled.
@@ -217,6 +221,8 @@ class Settings(BaseSettings):
         delays = self.retry_delays()  # validates the list
         if self.stuck_job_seconds <= max(delays):
             raise ValueError("STUCK_JOB_SECONDS must exceed the longest retry delay (RETRY_DELAYS_SECONDS)")
+        if self.admin_token_previous is not None and self.admin_token is None:
+            raise ValueError("CHATQ_ADMIN_TOKEN_PREVIOUS is accepted only beside CHATQ_ADMIN_TOKEN")
         if self.admin_port is not None and self.admin_port == self.http_port:
             raise ValueError("CHATQ_ADMIN_PORT must differ from CHATQ_HTTP_PORT (unset it to share one port)")
         if self.production_guards:
