@@ -34,6 +34,8 @@ PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "placeholder", "examp
 # A random value of 16 characters from a 64-symbol alphabet has fewer than 8 distinct ones
 # about once in 200,000 draws; a hand-typed stand-in ("aaaabbbb...", "12341234...") has.
 MIN_DISTINCT_CHARACTERS = 8
+# Database statements of one reply job (claim, intent, record), in the drain arithmetic.
+JOB_BOOKKEEPING_SECONDS = 5.0
 GENERATE_HINT = "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
 
 
@@ -324,6 +326,28 @@ class Settings(BaseSettings):
         if self.telegram_bot_token is None:
             return "bot"
         return self.telegram_bot_token.get_secret_value().split(":", 1)[0] or "bot"
+
+    def worst_case_job_seconds(self) -> float:
+        """The longest one reply job can run once a responder took it, so the shortest
+        SHUTDOWN_GRACE_SECONDS that never cuts a send mid-flight (README "Grace periods"):
+        the first generation and FOLD_MAX_ROUNDS regenerations at LLM_TIMEOUT_SECONDS
+        each, the wait for a send slot (RESPONDER_CONCURRENCY sends ahead of it at
+        PLATFORM_RATE_PER_SECOND), the send at PLATFORM_TIMEOUT_SECONDS, and
+        JOB_BOOKKEEPING_SECONDS for its database statements."""
+        return (
+            self.llm_timeout_seconds * (self.fold_max_rounds + 1)
+            + self.responder_concurrency / self.platform_rate_per_second
+            + self.platform_timeout_seconds
+            + JOB_BOOKKEEPING_SECONDS
+        )
+
+    def database_connections(self, service: str) -> int:
+        """The most Postgres connections one process of ``service`` opens (its pool's
+        maximum): DATABASE_POOL_SIZE, except the responder, whose every job in flight holds
+        one connection (its lease) and borrows another for queries."""
+        if service == "responder":
+            return max(self.database_pool_size, 2 * self.responder_concurrency + 2)
+        return self.database_pool_size
 
     def job_caps(self) -> JobCaps:
         return JobCaps(messages=self.job_max_messages, chars=self.job_max_text_chars)
