@@ -30,9 +30,11 @@ services-check: install
 	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
 
 # Tools the tests drive: promtool (Debian's prometheus package) for the alert rules and
-# their unit tests, Chromium for the operations page, kubectl's kustomize for deploy/k8s.
+# their unit tests, amtool (prometheus-alertmanager) for the Alertmanager config, Chromium
+# for the operations page, kubectl's kustomize for deploy/k8s.
 tools-test:
 	@command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
+	@command -v amtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus-alertmanager >/dev/null; }
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	@command -v kubectl >/dev/null || command -v kustomize >/dev/null || { echo "need kubectl or kustomize on PATH to render deploy/k8s"; exit 1; }
 

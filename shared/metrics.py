@@ -3,6 +3,8 @@ use them. No chat, message or operation ids as labels."""
 
 from __future__ import annotations
 
+from collections.abc import Iterable
+
 from prometheus_client import Counter, Gauge, Histogram
 
 LATENCY_BUCKETS = (0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10, 30, 60)
@@ -72,3 +74,38 @@ JOBS_REDRIVEN = Counter(
 RETENTION_PURGED = Counter(
     "chatq_retention_purged_total", "Finished rows deleted by the retention rule, by table.", ["table"]
 )
+
+
+# Label values known before any event. A counter child born at its first event has no
+# earlier sample, so increase() and rate() cannot see that event: a pod's first failure
+# or retry would be invisible to the alerts. Each service creates these children at 0
+# when it starts (``create_known_series``).
+WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected")
+# The responder's retry reasons (RetryLater kinds in services/responder/handler.py; a
+# unit test keeps the two lists equal): "<stage>_transient" for the model and each
+# platform, and the reasons that are not a stage's failure.
+RETRY_REASONS = ("unknown_outcome", "reconcile", "reconcile_wait", "account_paused", "busy")
+
+
+def create_known_series(service: str, platforms: Iterable[str] = ()) -> None:
+    """Create at 0 the label children of the counters ``service`` increments that alerts
+    and dashboards read with increase(): the receiver's webhooks per platform, the
+    coalescer's and responder's outcomes, retries and dead letters."""
+    if service == "receiver":
+        for platform in platforms:
+            for outcome in WEBHOOK_OUTCOMES:
+                WEBHOOKS.labels(platform=platform, outcome=outcome)
+        WEBHOOKS.labels(platform="avito", outcome="no_payload")
+    elif service == "coalescer":
+        OPERATIONS.labels(outcome="failed")
+        DEAD_LETTERS.labels(queue="chatq.coalescer.dead")
+    elif service == "responder":
+        for outcome in ("replied", "failed", "needs_review"):
+            OPERATIONS.labels(outcome=outcome)
+        for stage in ("model", *platforms):
+            RETRIES.labels(reason=f"{stage}_transient")
+        for reason in RETRY_REASONS:
+            RETRIES.labels(reason=reason)
+        DEAD_LETTERS.labels(queue="chatq.responder.dead")
+    else:
+        raise ValueError(f"no known series for service {service!r}")

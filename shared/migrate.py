@@ -78,8 +78,12 @@ class FunctionFile:
 
 
 def load_functions(directory: Path | None = FUNCTIONS_DIR) -> list[FunctionFile]:
-    if directory is None or not directory.is_dir():
+    if directory is None:
         return []
+    if not directory.is_dir():
+        # An install without its SQL files (package data) would otherwise migrate the
+        # tables and silently leave every function out.
+        raise MigrationError(f"function directory {directory} is missing: reinstall chatqueue")
     files: list[FunctionFile] = []
     for path in sorted(directory.iterdir()):
         if path.suffix != ".sql":
@@ -248,7 +252,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     settings = Settings()
-    configure_logging(settings.log_level)
+    configure_logging(settings.log_level, service="migrate", fmt=settings.log_format)
     dsn = settings.database_url.get_secret_value()
     if args.wait is not None:
         missing = asyncio.run(wait_until_current(dsn, within=args.wait))

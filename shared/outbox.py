@@ -38,6 +38,7 @@ from shared import metrics
 from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.faults import fault_point
+from shared.lifecycle import every
 from shared.settings import Settings
 from shared.state import operation as operation_state
 
@@ -135,7 +136,6 @@ class Relay:
         self._wake = asyncio.Event()
         self._stopping = False
         self._last_purge = 0.0
-        self._last_stats = 0.0
 
     @classmethod
     def from_settings(
@@ -160,7 +160,18 @@ class Relay:
         self._wake.set()
 
     async def run(self) -> None:
-        """Publish until stopped, surviving broker and database outages."""
+        """Publish until stopped, surviving broker and database outages. The pending and
+        lag gauges are refreshed on a timer of their own: while the broker is down no
+        publish pass succeeds, and that is when the lag must keep rising for the alert."""
+        stats = asyncio.create_task(
+            every(self._stats_interval, "outbox stats", self.refresh_stats), name="outbox-stats"
+        )
+        try:
+            await self._publish_until_stopped()
+        finally:
+            stats.cancel()
+
+    async def _publish_until_stopped(self) -> None:
         backoff = 0.1
         while not self._stopping:
             self._wake.clear()
@@ -239,9 +250,6 @@ class Relay:
 
     async def _housekeeping(self) -> None:
         now = time.monotonic()
-        if now - self._last_stats >= self._stats_interval:
-            self._last_stats = now
-            await self.refresh_stats()
         if now - self._last_purge >= self._purge_interval:
             self._last_purge = now
             await self.purge()

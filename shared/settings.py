@@ -26,6 +26,7 @@ GUARDED_SECRETS = (
     "generic_reply_secret",
     "alert_webhook_secret",
     "admin_token",
+    "admin_token_previous",
 )
 MIN_SECRET_LENGTH = 16
 # What the example files and tutorials put where a secret goes (compared lower-case).
@@ -33,6 +34,8 @@ PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "placeholder", "examp
 # A random value of 16 characters from a 64-symbol alphabet has fewer than 8 distinct ones
 # about once in 200,000 draws; a hand-typed stand-in ("aaaabbbb...", "12341234...") has.
 MIN_DISTINCT_CHARACTERS = 8
+# Database statements of one reply job (claim, intent, record), in the drain arithmetic.
+JOB_BOOKKEEPING_SECONDS = 5.0
 GENERATE_HINT = "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
 
 
@@ -92,6 +95,9 @@ class Settings(BaseSettings):
 
     env: Literal["development", "production"] = "development"
     log_level: str = "INFO"
+    # text: one readable line an event; json: one JSON object a line (time with its
+    # offset, level, logger, message, operation or job id, traceback as one field).
+    log_format: Literal["text", "json"] = "text"
 
     database_url: SecretStr = SecretStr(LOCAL_DATABASE_URL)
     database_pool_size: int = Field(default=10, ge=1, le=200)
@@ -150,6 +156,9 @@ class Settings(BaseSettings):
 
     # Operations
     admin_token: SecretStr | None = None
+    # During a rotation, the token being replaced: accepted beside ADMIN_TOKEN until every
+    # client has the new one, then unset (README "Rotating secrets").
+    admin_token_previous: SecretStr | None = None
     # Where the chatq CLI finds the admin API; unset: this machine's ADMIN_PORT, else HTTP_PORT.
     admin_url: str | None = None
     # The built-in sandbox chat: on in development, off under the production guards unless enabled.
@@ -217,6 +226,8 @@ class Settings(BaseSettings):
         delays = self.retry_delays()  # validates the list
         if self.stuck_job_seconds <= max(delays):
             raise ValueError("STUCK_JOB_SECONDS must exceed the longest retry delay (RETRY_DELAYS_SECONDS)")
+        if self.admin_token_previous is not None and self.admin_token is None:
+            raise ValueError("CHATQ_ADMIN_TOKEN_PREVIOUS is accepted only beside CHATQ_ADMIN_TOKEN")
         if self.admin_port is not None and self.admin_port == self.http_port:
             raise ValueError("CHATQ_ADMIN_PORT must differ from CHATQ_HTTP_PORT (unset it to share one port)")
         if self.production_guards:
@@ -318,6 +329,28 @@ class Settings(BaseSettings):
         if self.telegram_bot_token is None:
             return "bot"
         return self.telegram_bot_token.get_secret_value().split(":", 1)[0] or "bot"
+
+    def worst_case_job_seconds(self) -> float:
+        """The longest one reply job can run once a responder took it, so the shortest
+        SHUTDOWN_GRACE_SECONDS that never cuts a send mid-flight (README "Grace periods"):
+        the first generation and FOLD_MAX_ROUNDS regenerations at LLM_TIMEOUT_SECONDS
+        each, the wait for a send slot (RESPONDER_CONCURRENCY sends ahead of it at
+        PLATFORM_RATE_PER_SECOND), the send at PLATFORM_TIMEOUT_SECONDS, and
+        JOB_BOOKKEEPING_SECONDS for its database statements."""
+        return (
+            self.llm_timeout_seconds * (self.fold_max_rounds + 1)
+            + self.responder_concurrency / self.platform_rate_per_second
+            + self.platform_timeout_seconds
+            + JOB_BOOKKEEPING_SECONDS
+        )
+
+    def database_connections(self, service: str) -> int:
+        """The most Postgres connections one process of ``service`` opens (its pool's
+        maximum): DATABASE_POOL_SIZE, except the responder, whose every job in flight holds
+        one connection (its lease) and borrows another for queries."""
+        if service == "responder":
+            return max(self.database_pool_size, 2 * self.responder_concurrency + 2)
+        return self.database_pool_size
 
     def job_caps(self) -> JobCaps:
         return JobCaps(messages=self.job_max_messages, chars=self.job_max_text_chars)

@@ -10,6 +10,7 @@ import logging
 
 import httpx
 
+from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer
@@ -43,6 +44,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     dsn = settings.database_url.get_secret_value()
     if settings.migrate_on_start:
         await migrate_dsn(dsn)
+    metrics.create_known_series("coalescer")
     pool = await create_pool(dsn, size=settings.database_pool_size)
     topology = build_topology(settings.retry_delays())
     amqp = settings.amqp_url.get_secret_value()

@@ -269,7 +269,13 @@ class Coalescer:
         if not changed:
             return
         metrics.OPERATIONS.labels(outcome="failed").inc()
-        logger.warning("operation %s failed (owner %s): %s", operation_id, self._owner, why)
+        logger.warning(
+            "operation %s failed (owner %s): %s",
+            operation_id,
+            self._owner,
+            why,
+            extra={"operation_id": operation_id},
+        )
         if self._alerter is not None:
             await self._alerter.announce(
                 "operation.failed",
@@ -357,7 +363,13 @@ class Coalescer:
             EMISSION_LAG.observe(max((now - w["due_at"]).total_seconds(), 0.0))
         JOBS_EMITTED.inc(len(jobs))
         for j in jobs:
-            logger.info("emitted job %s for %s with %d message(s)", j.job_id, j.chat_key, len(j.messages))
+            logger.info(
+                "emitted job %s for %s with %d message(s)",
+                j.job_id,
+                j.chat_key,
+                len(j.messages),
+                extra={"job_id": j.job_id, "chat": j.chat_key},
+            )
         if split:
             logger.info(
                 "%d window(s) held more than one job carries: the rest waits for the next job", len(split)
@@ -492,7 +504,13 @@ class Coalescer:
             self._owner,
         )
         metrics.OPERATIONS.labels(outcome="failed").inc(len(failed))
-        logger.error("window %s of %s set aside: %s", job.window_id, job.chat_key, reason)
+        logger.error(
+            "window %s of %s set aside: %s",
+            job.window_id,
+            job.chat_key,
+            reason,
+            extra={"job_id": job.job_id, "chat": job.chat_key},
+        )
         if self._alerter is not None:
             await self._alerter.announce(
                 "operation.failed",

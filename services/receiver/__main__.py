@@ -20,7 +20,7 @@ async def _main(settings: Settings) -> None:
 
 def main() -> None:
     settings = Settings()
-    configure_logging(settings.log_level, service="receiver")
+    configure_logging(settings.log_level, service="receiver", fmt=settings.log_format)
     arm(settings.fault_point)
     # uvloop where installed, as uvicorn.run chose it: the intake's throughput rests on it.
     with asyncio.Runner(loop_factory=auto_loop_factory()) as runner:

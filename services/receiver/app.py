@@ -120,7 +120,10 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
         redoc_url=None,
         openapi_url="/openapi.json" if admin else None,
     )
-    app.state.admin_token = _secret(settings.admin_token)
+    # The current token, and during a rotation the previous one (README "Rotating secrets").
+    app.state.admin_tokens = [
+        t for t in (_secret(settings.admin_token), _secret(settings.admin_token_previous)) if t
+    ]
     app.state.sandbox_active = settings.sandbox_active
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
@@ -255,6 +258,9 @@ async def _start(settings: Settings) -> Runtime:
     dsn = settings.database_url.get_secret_value()
     if settings.migrate_on_start:
         await migrate_dsn(dsn)
+    metrics.create_known_series(
+        "receiver", ["telegram", "avito", "generic", *(["sandbox"] if settings.sandbox_active else [])]
+    )
     pool = await create_pool(dsn, size=settings.database_pool_size)
     broker = BrokerConnection(
         settings.amqp_url.get_secret_value(),

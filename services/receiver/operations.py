@@ -50,12 +50,14 @@ def status_text(status: str, reason: str | None, replied_at: datetime | None = N
 
 
 def require_admin(request: Request) -> None:
-    expected: str | None = request.app.state.admin_token
-    if expected is None:
+    accepted: list[str] = request.app.state.admin_tokens
+    if not accepted:
         raise ApiError(404, "admin_api_disabled", "the admin API is off: set CHATQ_ADMIN_TOKEN")
     header = request.headers.get("authorization", "")
     scheme, _, presented = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(presented.strip().encode(), expected.encode()):
+    # Every accepted token is compared, so the time taken does not tell which one matched.
+    matches = [hmac.compare_digest(presented.strip().encode(), token.encode()) for token in accepted]
+    if scheme.lower() != "bearer" or not any(matches):
         raise ApiError(401, "unauthorized", "missing or wrong bearer token")
 
 

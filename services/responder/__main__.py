@@ -18,7 +18,7 @@ async def _main(settings: Settings) -> None:
 
 def main() -> None:
     settings = Settings()
-    configure_logging(settings.log_level, service="responder")
+    configure_logging(settings.log_level, service="responder", fmt=settings.log_format)
     arm(settings.fault_point)
     asyncio.run(_main(settings))
 

@@ -10,6 +10,7 @@ import logging
 import asyncpg
 import httpx
 
+from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer, RetryTiers
@@ -77,10 +78,14 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     dsn = settings.database_url.get_secret_value()
     if settings.migrate_on_start:
         await migrate_dsn(dsn)
-    # Each job in flight holds one connection (its lease) and borrows another for queries.
-    pool = await create_pool(
-        dsn, size=max(settings.database_pool_size, 2 * settings.responder_concurrency + 2)
-    )
+    pool = await create_pool(dsn, size=settings.database_connections("responder"))
+    if settings.shutdown_grace_seconds < settings.worst_case_job_seconds():
+        logger.warning(
+            "SHUTDOWN_GRACE_SECONDS=%g is shorter than the longest job (%.0f s): a SIGTERM may cut a "
+            "send mid-flight and leave it for a person (needs_review)",
+            settings.shutdown_grace_seconds,
+            settings.worst_case_job_seconds(),
+        )
     topology = build_topology(settings.retry_delays())
     amqp = settings.amqp_url.get_secret_value()
     consume_broker = BrokerConnection(amqp, topology, name="chatq-responder")
@@ -92,6 +97,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         timeout=timeout, limits=httpx.Limits(max_connections=settings.responder_concurrency * 2)
     )
     platforms = build_platforms(settings, client, pool)
+    metrics.create_known_series("responder", platforms)
     writer = build_writer(settings)
     responder = Responder(
         JobStore(pool, history=settings.history_messages, caps=settings.job_caps()),

@@ -83,7 +83,9 @@ class Responder:
     async def _handle_claimed(self, db: JobSession, job_id: uuid.UUID, attempt: int) -> None:
         state = await db.claim(job_id, attempt)
         if isinstance(state, Skip):
-            logger.info("job %s skipped: %s", job_id, state.reason)
+            logger.info(
+                "job %s skipped: %s", job_id, state.reason, extra={"job_id": job_id, "attempt": attempt}
+            )
             return
         job = state.job if isinstance(state, Reconcile) else state
         platform = self._platforms.get(job.platform)
@@ -156,6 +158,7 @@ class Responder:
             len(job.messages),
             len(parts),
             attempt,
+            extra={"job_id": job.job_id, "chat": job.chat_key, "attempt": attempt},
         )
 
     async def _generate(self, db: JobSession, job: Job, platform: Platform, attempt: int) -> tuple[Job, str]:
@@ -171,6 +174,7 @@ class Responder:
                 "job %s: folded %d new message(s) in; regenerating",
                 job.job_id,
                 len(folded.messages) - len(job.messages),
+                extra={"job_id": job.job_id, "chat": job.chat_key, "attempt": attempt},
             )
             job = folded
             text = await self._write(job, platform)
@@ -213,7 +217,11 @@ class Responder:
             await self._resume_parts(db, state, platform, attempt, parts)
             return
         if platform.idempotent:
-            logger.info("job %s: outcome unknown; re-sending with the same idempotency key", job.job_id)
+            logger.info(
+                "job %s: outcome unknown; re-sending with the same idempotency key",
+                job.job_id,
+                extra={"job_id": job.job_id, "attempt": attempt},
+            )
             await self._reply(db, job, platform, attempt, text=state.text)
             return
         if platform.can_reconcile:
@@ -225,10 +233,19 @@ class Responder:
                 attempts=Attempts(state.text, state.since, state.started_at),
             )
             if found is not None:
-                logger.info("job %s: reconciled, our reply %s is in the chat", job.job_id, found.message_id)
+                logger.info(
+                    "job %s: reconciled, our reply %s is in the chat",
+                    job.job_id,
+                    found.message_id,
+                    extra={"job_id": job.job_id, "attempt": attempt},
+                )
                 await db.record_sent(job, state.text, found.message_id)
                 return
-            logger.info("job %s: our reply is not in the chat; sending it", job.job_id)
+            logger.info(
+                "job %s: our reply is not in the chat; sending it",
+                job.job_id,
+                extra={"job_id": job.job_id, "attempt": attempt},
+            )
             await self._reply(db, job, platform, attempt, text=state.text)
             return
         await self._give_up(
@@ -349,11 +366,23 @@ class Responder:
         """Give up under the job's lock (see chatq_give_up) and tell a person what changed."""
         settled = await db.give_up(job_id, kind, reason, self._owner)
         if settled.outcome == "busy":
-            logger.info("job %s: not giving up, another consumer holds it: %s", job_id, reason)
+            logger.info(
+                "job %s: not giving up, another consumer holds it: %s",
+                job_id,
+                reason,
+                extra={"job_id": job_id},
+            )
             return
         if settled.outcome == "final":
             return
-        logger.warning("job %s %s (owner %s): %s", job_id, settled.outcome, self._owner, reason)
+        logger.warning(
+            "job %s %s (owner %s): %s",
+            job_id,
+            settled.outcome,
+            self._owner,
+            reason,
+            extra={"job_id": job_id, "chat": settled.chat_key},
+        )
         await self._alerter.announce(
             f"operation.{settled.outcome}",
             {

@@ -266,6 +266,7 @@ class Consumer:
                     type(error).__name__,
                     error,
                     backoff,
+                    extra={"message_id": message.message_id, "queue": self._queue},
                 )
                 await self._pause(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
@@ -349,7 +350,14 @@ class Consumer:
                 message, "give-up", lambda: hook(message, kind, reason), after_error=transient
             ):
                 return
-        logger.warning("dead-lettering %s from %s (%s): %s", message.message_id, self._queue, kind, reason)
+        logger.warning(
+            "dead-lettering %s from %s (%s): %s",
+            message.message_id,
+            self._queue,
+            kind,
+            reason,
+            extra={"message_id": message.message_id, "queue": self._queue},
+        )
         try:
             await message.reject(requeue=False)
         except _CHANNEL_GONE as exc:
@@ -399,6 +407,7 @@ class Consumer:
             plan.next_attempt,
             retry.max_attempts,
             error.reason,
+            extra={"message_id": message.message_id, "queue": self._queue, "attempt": plan.next_attempt},
         )
         if self._on_retry is not None and error.counts:
             try:
@@ -425,6 +434,7 @@ class Consumer:
             delivery_count_of(message.headers) + 1,
             self._delivery_limit + 1 if self._delivery_limit is not None else "unlimited",
             exc_info=error,
+            extra={"message_id": message.message_id, "queue": self._queue},
         )
         await self._pause(self._requeue_pause)
         await self._nack_requeue(message)

@@ -70,7 +70,13 @@ class DeadLetterRecorder:
             message.body,
         )
         metrics.DEAD_LETTERS.labels(queue=self._queue).inc()
-        logger.warning("dead letter %s recorded from %s: %s", message.message_id, self._queue, reason)
+        logger.warning(
+            "dead letter %s recorded from %s: %s",
+            message.message_id,
+            self._queue,
+            reason,
+            extra={"message_id": message.message_id, "queue": self._queue},
+        )
 
 
 def jsonable(value: Any) -> Any:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET
+from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET, replace
 from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import telegram_update
@@ -136,6 +136,24 @@ async def test_stats_give_backlog_failed_share_retries_and_reply_time(api, world
     assert stats["backlog"]["waiting"]["count"] == 0
     metrics = (await api.get("/metrics/")).text
     assert 'chatq_retries_total{reason="telegram_transient"}' in metrics
+
+
+async def test_during_a_rotation_both_the_new_and_the_previous_admin_token_work_and_no_other(
+    settings,
+) -> None:
+    rotating = replace(
+        settings, admin_token="new-admin-token-after-rotation", admin_token_previous=ADMIN_TOKEN
+    )
+    async with running_receiver(rotating) as (_, client):
+        for token in ("new-admin-token-after-rotation", ADMIN_TOKEN):
+            r = await client.get("/v1/stats", headers={"Authorization": f"Bearer {token}"})
+            assert r.status_code == 200, token
+        wrong = await client.get("/v1/stats", headers={"Authorization": "Bearer some-other-token-entirely"})
+        assert wrong.status_code == 401
+    # Rotation done: the previous token is unset and refused.
+    async with running_receiver(replace(rotating, admin_token_previous=None)) as (_, client):
+        r = await client.get("/v1/stats", headers=ADMIN)
+        assert r.status_code == 401
 
 
 async def test_the_admin_api_refuses_without_the_token(api) -> None:

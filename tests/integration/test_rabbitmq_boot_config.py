@@ -1,7 +1,9 @@
 """deploy/rabbitmq on a real RabbitMQ: a second node of the local installation boots
 with our rabbitmq.conf, enabled_plugins and the definitions directory exactly as
 deploy/compose.yaml mounts them, and we check what a deployment relies on: the
-application user exists (importing definitions skips the default user), the quorum
+administrator and the application user exist (importing definitions skips the default
+user), the application user cannot use the management API yet can declare and use the
+chatq.* topology with its narrowed permissions, the quorum
 queues and policies are in force, every process can still declare its topology on top
 (no argument conflicts), and the broker exports every rabbitmq_* metric that our alert
 rules and dashboards read."""
@@ -20,6 +22,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import aio_pika
+import aiormq.exceptions
 import httpx
 import pytest
 import yaml
@@ -32,6 +35,7 @@ from tests.support.processes import free_port
 pytestmark = pytest.mark.integration
 
 USER, PASSWORD = "chatq", "boot-test-password-0123"
+ADMIN, ADMIN_PASSWORD = "admin", "boot-test-admin-password-4567"
 
 
 @contextlib.contextmanager
@@ -58,9 +62,12 @@ def _node(tmp_path: Path) -> Iterator[dict[str, int]]:
     shutil.copy(DEPLOY / "rabbitmq" / "definitions.json", defs / "10-topology.json")
     compose = yaml.safe_load((DEPLOY / "compose.yaml").read_text())
     users = compose["configs"]["rabbitmq-users"]["content"]
-    (defs / "00-users.json").write_text(
-        users.replace("${RABBITMQ_USER}", USER).replace("${RABBITMQ_PASSWORD}", PASSWORD)
-    )
+    for name, value in {
+        "RABBITMQ_USER": USER, "RABBITMQ_PASSWORD": PASSWORD,
+        "RABBITMQ_ADMIN_USER": ADMIN, "RABBITMQ_ADMIN_PASSWORD": ADMIN_PASSWORD,
+    }.items():  # fmt: skip
+        users = users.replace("${" + name + "}", value)
+    (defs / "00-users.json").write_text(users)
     conf = (DEPLOY / "rabbitmq" / "rabbitmq.conf").read_text()
     conf = (
         conf.replace("/etc/rabbitmq/definitions.d", str(defs))
@@ -88,7 +95,7 @@ def _node(tmp_path: Path) -> Iterator[dict[str, int]]:
     proc = subprocess.Popen([server], env=env, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
     try:
         deadline = time.monotonic() + 120
-        with httpx.Client(auth=(USER, PASSWORD), timeout=5) as client:
+        with httpx.Client(auth=(ADMIN, ADMIN_PASSWORD), timeout=5) as client:
             while True:
                 assert proc.poll() is None, (
                     "the node did not boot:\n" + (tmp_path / "console.log").read_text()[-3000:]
@@ -110,19 +117,38 @@ def _node(tmp_path: Path) -> Iterator[dict[str, int]]:
 
 
 async def declare_on(port: int) -> None:
+    """As the application user: declare the topology, publish through it, consume."""
     connection = await aio_pika.connect(f"amqp://{USER}:{PASSWORD}@127.0.0.1:{port}/")
     async with connection:
         await declare_topology(await connection.channel(), build_topology())
-        queue = await (await connection.channel()).get_queue("chatq.responder", ensure=True)
-        assert queue.name == "chatq.responder"
+        channel = await connection.channel(publisher_confirms=True)
+        jobs = await channel.get_exchange("chatq.jobs", ensure=True)
+        await jobs.publish(aio_pika.Message(b"{}", message_id="boot-test"), routing_key="reply")
+        queue = await channel.get_queue("chatq.responder", ensure=True)
+        message = await queue.get(timeout=10)
+        assert message is not None and message.message_id == "boot-test"
+        await message.ack()
+
+
+async def refused_outside_chatq(port: int) -> None:
+    connection = await aio_pika.connect(f"amqp://{USER}:{PASSWORD}@127.0.0.1:{port}/")
+    async with connection:
+        channel = await connection.channel()
+        with pytest.raises(aiormq.exceptions.ChannelAccessRefused):
+            await channel.declare_queue("not-chatq", durable=True)
 
 
 def test_a_node_booted_with_the_deploy_config_has_our_user_topology_policies_and_metrics() -> None:
     with rabbitmq_node() as ports:
         api = f"http://127.0.0.1:{ports['management']}/api"
-        with httpx.Client(auth=(USER, PASSWORD), timeout=10) as client:
+        with httpx.Client(auth=(ADMIN, ADMIN_PASSWORD), timeout=10) as client:
             whoami = client.get(f"{api}/whoami").json()
-            assert whoami["name"] == USER
+            assert whoami["name"] == ADMIN
+            # The application user is no administrator: no management API, no UI.
+            assert httpx.get(f"{api}/whoami", auth=(USER, PASSWORD), timeout=10).status_code == 401
+            overview = client.get(f"{api}/overview").json()
+            # README "Supported versions": the tested line is 3.10.
+            assert overview["rabbitmq_version"].startswith("3.10."), overview["rabbitmq_version"]
             queues = {q["name"]: q for q in client.get(f"{api}/queues/%2F").json()}
             topology = build_topology()
             assert set(queues) == {q.name for q in topology.queues}
@@ -138,6 +164,7 @@ def test_a_node_booted_with_the_deploy_config_has_our_user_topology_policies_and
 
             # Every process declares the same topology at start: no argument conflicts.
             asyncio.run(declare_on(ports["amqp"]))
+            asyncio.run(refused_outside_chatq(ports["amqp"]))
             scrape = client.get(f"http://127.0.0.1:{ports['prometheus']}/metrics").text
     exported = {
         line.split("{")[0].split(" ")[0] for line in scrape.splitlines() if line and not line.startswith("#")

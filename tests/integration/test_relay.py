@@ -10,6 +10,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
+from shared import metrics
 from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher
 from shared.broker.topology import COALESCER_QUEUE, INBOUND_EXCHANGE, JOBS_EXCHANGE, RESPONDER_QUEUE
@@ -149,6 +150,32 @@ async def test_webhooks_are_accepted_while_rabbitmq_is_unreachable_and_published
             if c == chat and n not in seen:
                 seen.append(n)
         assert seen == sorted(seen), f"chat {chat} reordered: {seen}"
+
+
+async def test_the_outbox_lag_gauge_keeps_rising_while_the_broker_is_down(infra, pool: asyncpg.Pool) -> None:
+    await add(pool, row("stuck", "chat-lag"))
+    await pool.execute("UPDATE outbox SET created_at = now() - interval '90 seconds'")
+    target = urlsplit(infra.amqp_url)
+    proxy = await TcpProxy(target.hostname or "127.0.0.1", target.port or 5672).start()
+    proxy.block()
+    broker = BrokerConnection(via_proxy(infra.amqp_url, proxy.port), TEST_TOPOLOGY)
+    metrics.OUTBOX_LAG.set(0)
+    relay = Relay(
+        pool, ConfirmingPublisher(broker), [INBOUND_EXCHANGE], poll_seconds=0.1, stats_interval_seconds=0.1
+    )
+    task = asyncio.create_task(relay.run())
+    try:
+        # No publish pass succeeds, yet the gauge follows the oldest pending row.
+        await wait_for(lambda: metrics.OUTBOX_LAG._value.get() >= 90, what="lag gauge refreshed")
+        first = metrics.OUTBOX_LAG._value.get()
+        await wait_for(lambda: metrics.OUTBOX_LAG._value.get() > first, what="lag gauge rising")
+        assert metrics.OUTBOX_PENDING._value.get() == 1
+        assert await pool.fetchval("SELECT count(*) FROM outbox WHERE published_at IS NULL") == 1
+    finally:
+        relay.stop()
+        await asyncio.wait_for(task, timeout=10)
+        await broker.close()
+        await proxy.close()
 
 
 async def test_published_rows_are_purged_after_the_retention_period_and_pending_rows_never(

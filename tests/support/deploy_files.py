@@ -223,3 +223,236 @@ TRIGGER_AUTHENTICATION_SCHEMA = {
         },
     },
 }
+
+
+def kustomize_variant(
+    overlay: Path, workdir: Path, *, literals: dict[str, str], image_tag: str
+) -> list[dict[str, Any]]:
+    """``overlay`` rendered as the next release would be: a kustomization in ``workdir``
+    on top of it that changes some settings of chatqueue-config and the image tag."""
+    import os
+
+    images = {
+        d["spec"]["template"]["spec"]["containers"][0]["image"].rsplit(":", 1)[0]
+        for d in kustomize(overlay)
+        if d["kind"] == "Deployment"
+    }
+    (workdir / "kustomization.yaml").write_text(
+        yaml.safe_dump(
+            {
+                "apiVersion": "kustomize.config.k8s.io/v1beta1",
+                "kind": "Kustomization",
+                "resources": [os.path.relpath(overlay, workdir)],
+                "configMapGenerator": [
+                    {
+                        "name": "chatqueue-config",
+                        "behavior": "merge",
+                        "literals": [f"{k}={v}" for k, v in literals.items()],
+                    }
+                ],
+                "images": [{"name": name, "newTag": image_tag} for name in sorted(images)],
+            }
+        )
+    )
+    return kustomize(workdir)
+
+
+# Fields Kubernetes refuses to change on an existing object ("field is immutable"), by
+# kind; `kubectl apply` of a changed value fails. Kinds not listed here and not in
+# MUTABLE_KINDS are refused by `apply_conflicts`, so a new kind must be classified.
+IMMUTABLE_FIELDS: dict[str, list[tuple[str, ...]]] = {
+    "Job": [("spec", "template"), ("spec", "selector"), ("spec", "completions"), ("spec", "completionMode")],
+    "Deployment": [("spec", "selector")],
+    "DaemonSet": [("spec", "selector")],
+    "StatefulSet": [
+        ("spec", "selector"), ("spec", "serviceName"), ("spec", "volumeClaimTemplates"),
+        ("spec", "podManagementPolicy"),
+    ],
+    "Service": [("spec", "clusterIP"), ("spec", "clusterIPs")],
+    "PersistentVolumeClaim": [("spec", "storageClassName"), ("spec", "accessModes"), ("spec", "selector")],
+}  # fmt: skip
+MUTABLE_KINDS = {
+    "Namespace", "ServiceAccount", "ConfigMap", "Secret", "PodDisruptionBudget", "NetworkPolicy", "Ingress",
+    "ScaledObject", "TriggerAuthentication", "PodMonitor", "ServiceMonitor", "PrometheusRule",
+}  # fmt: skip
+
+
+def _at(doc: dict[str, Any], path: tuple[str, ...]) -> Any:
+    for key in path:
+        doc = doc.get(key) if isinstance(doc, dict) else None  # type: ignore[assignment]
+    return doc
+
+
+def apply_conflicts(before: list[dict[str, Any]], after: list[dict[str, Any]]) -> list[str]:
+    """What `kubectl apply` of ``after`` would be refused for, in a namespace holding
+    ``before``: an object of the same kind and name whose immutable field changed (an
+    immutable ConfigMap or Secret included). Empty: the second apply is valid."""
+    existing = {(d["kind"], d["metadata"].get("namespace"), d["metadata"]["name"]): d for d in before}
+    problems = []
+    for doc in after:
+        kind = doc["kind"]
+        if kind not in IMMUTABLE_FIELDS and kind not in MUTABLE_KINDS:
+            problems.append(f"{kind}: not classified in IMMUTABLE_FIELDS or MUTABLE_KINDS")
+            continue
+        old = existing.get((kind, doc["metadata"].get("namespace"), doc["metadata"]["name"]))
+        if old is None:
+            continue
+        paths = list(IMMUTABLE_FIELDS.get(kind, []))
+        if kind in {"ConfigMap", "Secret"} and old.get("immutable"):
+            paths += [("data",), ("binaryData",), ("stringData",)]
+        for path in paths:
+            if _at(old, path) != _at(doc, path):
+                problems.append(
+                    f"{kind}/{doc['metadata']['name']}: {'.'.join(path)} is immutable and changed"
+                )
+    return problems
+
+
+# prometheus-operator monitoring.coreos.com/v1, transcribed from its CRDs for the fields
+# chatqueue uses; unknown fields are refused so a typo cannot pass.
+_LABEL_SELECTOR = {
+    "type": "object",
+    "additionalProperties": False,
+    "properties": {
+        "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "matchExpressions": {"type": "array"},
+    },
+}
+_METADATA = {
+    "type": "object",
+    "required": ["name"],
+    "properties": {
+        "name": {"type": "string"},
+        "namespace": {"type": "string"},
+        "labels": {"type": "object", "additionalProperties": {"type": "string"}},
+        "annotations": {"type": "object", "additionalProperties": {"type": "string"}},
+    },
+}
+_DURATION = {
+    "type": "string",
+    "pattern": r"^(0|(([0-9]+)y)?(([0-9]+)w)?(([0-9]+)d)?(([0-9]+)h)?(([0-9]+)m)?(([0-9]+)s)?(([0-9]+)ms)?)$",
+}
+
+
+def _crd_schema(api_version: str, kind: str, spec: dict[str, Any]) -> dict[str, Any]:
+    """A custom resource's schema: its apiVersion, kind and metadata, and ``spec``."""
+    return {
+        "type": "object",
+        "required": ["apiVersion", "kind", "metadata", "spec"],
+        "properties": {
+            "apiVersion": {"const": api_version},
+            "kind": {"const": kind},
+            "metadata": _METADATA,
+            "spec": spec,
+        },
+    }
+
+
+POD_MONITOR_SCHEMA = _crd_schema(
+    "monitoring.coreos.com/v1",
+    "PodMonitor",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "required": ["selector"],
+        "properties": {
+            "selector": _LABEL_SELECTOR,
+            "namespaceSelector": {"type": "object"},
+            "jobLabel": {"type": "string"},
+            "podTargetLabels": {"type": "array", "items": {"type": "string"}},
+            "podMetricsEndpoints": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "properties": {
+                        "port": {"type": "string"},
+                        "path": {"type": "string"},
+                        "scheme": {"enum": ["http", "https"]},
+                        "interval": _DURATION,
+                        "scrapeTimeout": _DURATION,
+                        "honorLabels": {"type": "boolean"},
+                        "relabelings": {"type": "array"},
+                        "metricRelabelings": {"type": "array"},
+                    },
+                },
+            },
+        },
+    },
+)
+PROMETHEUS_RULE_SCHEMA = _crd_schema(
+    "monitoring.coreos.com/v1",
+    "PrometheusRule",
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "groups": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "additionalProperties": False,
+                    "required": ["name", "rules"],
+                    "properties": {
+                        "name": {"type": "string", "minLength": 1},
+                        "interval": _DURATION,
+                        "rules": {
+                            "type": "array",
+                            "items": {
+                                "type": "object",
+                                "additionalProperties": False,
+                                "required": ["expr"],
+                                "oneOf": [{"required": ["alert"]}, {"required": ["record"]}],
+                                "properties": {
+                                    "alert": {"type": "string"},
+                                    "record": {"type": "string"},
+                                    "expr": {"type": ["string", "integer"]},
+                                    "for": _DURATION,
+                                    "keep_firing_for": _DURATION,
+                                    "labels": {
+                                        "type": "object",
+                                        "additionalProperties": {"type": "string"},
+                                    },
+                                    "annotations": {
+                                        "type": "object",
+                                        "additionalProperties": {"type": "string"},
+                                    },
+                                },
+                            },
+                        },
+                    },
+                },
+            }
+        },
+    },
+)
+CUSTOM_SCHEMAS = {
+    ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT_SCHEMA,
+    ("keda.sh/v1alpha1", "TriggerAuthentication"): TRIGGER_AUTHENTICATION_SCHEMA,
+    ("monitoring.coreos.com/v1", "PodMonitor"): POD_MONITOR_SCHEMA,
+    ("monitoring.coreos.com/v1", "PrometheusRule"): PROMETHEUS_RULE_SCHEMA,
+}
+
+
+def validate_object(doc: dict[str, Any], kubernetes_version: str) -> None:
+    """Strict validation of one rendered object: Kubernetes' own kinds against the
+    version's OpenAPI schemas (kubernetes-validate), the CRD kinds we use against the
+    schemas transcribed above. Raises AssertionError naming the object and the field."""
+    import jsonschema
+    import kubernetes_validate
+
+    where = f"{doc['kind']}/{doc['metadata']['name']}"
+    schema = CUSTOM_SCHEMAS.get((doc["apiVersion"], doc["kind"]))
+    if schema is not None:
+        try:
+            jsonschema.validate(doc, schema)
+        except jsonschema.ValidationError as exc:
+            raise AssertionError(f"{where}: {exc.message} at {list(exc.path)}") from exc
+        return
+    assert "." not in doc["apiVersion"].split("/")[0] or doc["apiVersion"].split("/")[0].endswith(
+        ".k8s.io"
+    ), f"{where}: {doc['apiVersion']} is a custom resource with no schema here"
+    try:
+        kubernetes_validate.validate(doc, kubernetes_version, strict=True)
+    except kubernetes_validate.ValidationError as exc:
+        raise AssertionError(f"{where}: {exc.message} at {list(exc.path)}") from exc

@@ -38,10 +38,20 @@ def settings_env(settings: Any, **extra: str) -> dict[str, str]:
 
 
 class ServiceProcess:
-    def __init__(self, module: str, env: dict[str, str], *, name: str | None = None) -> None:
+    def __init__(
+        self,
+        module: str,
+        env: dict[str, str],
+        *,
+        name: str | None = None,
+        python: str = sys.executable,
+        cwd: Path = ROOT,
+    ) -> None:
         self.module = module
         self.env = env
         self.name = name or module
+        self.python = python
+        self.cwd = cwd
         self.proc: asyncio.subprocess.Process | None = None
         self.log_path = ROOT / ".pytest_cache" / f"{self.name}-{os.getpid()}-{time.monotonic_ns()}.log"
 
@@ -49,10 +59,10 @@ class ServiceProcess:
         self.log_path.parent.mkdir(parents=True, exist_ok=True)
         self._log = open(self.log_path, "wb")  # noqa: ASYNC230 - a local log file, closed in stop()
         self.proc = await asyncio.create_subprocess_exec(
-            sys.executable,
+            self.python,
             "-m",
             self.module,
-            cwd=ROOT,
+            cwd=self.cwd,
             env=self.env,
             stdout=self._log,
             stderr=asyncio.subprocess.STDOUT,

@@ -8,12 +8,11 @@ from __future__ import annotations
 import base64
 import json
 import re
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
-import jsonschema
-import kubernetes_validate
 import pytest
 import yaml
 from pydantic import ValidationError
@@ -24,15 +23,16 @@ from tests.support.deploy_files import (
     DEPLOY,
     RABBITMQ_TRIGGER_KEYS,
     ROOT,
-    SCALED_OBJECT_SCHEMA,
-    TRIGGER_AUTHENTICATION_SCHEMA,
+    apply_conflicts,
     dashboard_queries,
     exported_chatq_metrics,
     kustomize,
+    kustomize_variant,
     metric_names,
     promtool,
     recorded_names,
     rule_queries,
+    validate_object,
 )
 
 pytestmark = pytest.mark.unit
@@ -43,6 +43,21 @@ DASHBOARDS = sorted((DEPLOY / "grafana" / "dashboards").glob("*.json"))
 OVERLAYS = [DEPLOY / "k8s" / "overlays" / name for name in ("dev", "prod")]
 KUBERNETES_VERSION = "1.30.0"
 SETTINGS_ENV = {f"CHATQ_{name.upper()}" for name in Settings.model_fields}
+# After the drain: the relay's stop (up to 10 s), closing the broker and the pool.
+CLOSE_SECONDS = 10
+
+
+def tuning(values: dict[str, str]) -> Settings:
+    """The timing, concurrency and pool values of a ConfigMap, without its credentials
+    (the arithmetic of grace periods and connections needs only those)."""
+    return overlay_settings({**values, "CHATQ_ENV": "development", "CHATQ_HTTP_HOST": "127.0.0.1"})
+
+
+def overlay_settings(values: dict[str, str]) -> Settings:
+    """Settings from CHATQ_* values of a ConfigMap or Secret (other keys ignored)."""
+    return Settings(
+        **{k.removeprefix("CHATQ_").lower(): v for k, v in values.items() if k.startswith("CHATQ_")}
+    )
 
 
 def compose() -> dict:
@@ -72,7 +87,8 @@ def test_the_compose_files_validate_against_the_compose_specification(path: str)
 def test_the_compose_stack_runs_every_service_and_waits_for_healthy_dependencies() -> None:
     services = compose()["services"]
     assert set(services) == {
-        "postgres", "rabbitmq", "migrate", "receiver", "coalescer", "responder", "prometheus", "grafana",
+        "postgres", "rabbitmq", "migrate", "receiver", "coalescer", "responder", "prometheus", "alertmanager",
+        "grafana",
     }  # fmt: skip
     for name in ("receiver", "coalescer", "responder"):
         svc = services[name]
@@ -82,7 +98,8 @@ def test_the_compose_stack_runs_every_service_and_waits_for_healthy_dependencies
         assert "readyz" in " ".join(svc["healthcheck"]["test"])
         assert svc["environment"]["CHATQ_ENV"] == "production"
         grace = float(svc["environment"]["CHATQ_SHUTDOWN_GRACE_SECONDS"])
-        assert float(svc["stop_grace_period"].rstrip("s")) > grace, (
+        assert grace >= Settings().worst_case_job_seconds(), "the drain must outlast the longest job"
+        assert float(svc["stop_grace_period"].rstrip("s")) >= grace + CLOSE_SECONDS, (
             "docker must not SIGKILL a draining service"
         )
     assert services["migrate"]["command"] == ["shared.migrate"]
@@ -96,7 +113,9 @@ def test_the_compose_stack_publishes_nothing_beyond_localhost_by_default_and_no_
     services = compose()["services"]
     assert "ports" not in services["postgres"]
     published = {name: svc.get("ports", []) for name, svc in services.items()}
-    assert set(n for n, p in published.items() if p) == {"rabbitmq", "receiver", "prometheus", "grafana"}
+    assert set(n for n, p in published.items() if p) == {
+        "rabbitmq", "receiver", "prometheus", "alertmanager", "grafana",
+    }  # fmt: skip
     for name, ports in published.items():
         for port in ports:
             assert re.fullmatch(r"\$\{[A-Z_]+_BIND:-127\.0\.0\.1\}:\d+:\d+", port), (name, port)
@@ -105,7 +124,10 @@ def test_the_compose_stack_publishes_nothing_beyond_localhost_by_default_and_no_
 
 def test_the_compose_stack_takes_every_secret_from_the_env_files_and_passes_only_known_settings() -> None:
     text = COMPOSE.read_text()
-    for var in ("POSTGRES_PASSWORD", "RABBITMQ_PASSWORD", "GRAFANA_ADMIN_PASSWORD"):
+    for var in (
+        "POSTGRES_PASSWORD", "CHATQ_DB_PASSWORD", "RABBITMQ_PASSWORD", "RABBITMQ_ADMIN_PASSWORD",
+        "GRAFANA_ADMIN_PASSWORD", "ALERTMANAGER_WEBHOOK_URL",
+    ):  # fmt: skip
         assert f"${{{var}:?" in text or f"${{{var}}}" in text
         assert f"{var}=" in (DEPLOY / ".env.example").read_text()
     assert "guest" not in text
@@ -158,11 +180,28 @@ def test_rabbitmq_loads_the_generated_topology_and_its_user_at_boot() -> None:
     assert "definitions.local.path = /etc/rabbitmq/definitions.d" in conf
     plugins = (DEPLOY / "rabbitmq" / "enabled_plugins").read_text()
     assert "rabbitmq_management" in plugins and "rabbitmq_prometheus" in plugins
-    users = compose()["configs"]["rabbitmq-users"]["content"]
-    filled = users.replace("${RABBITMQ_USER}", "chatq").replace("${RABBITMQ_PASSWORD}", "secret")
-    doc = json.loads(filled)
+    doc = rabbitmq_users("chatq", "secret", "admin", "admin-secret")
     assert doc["vhosts"] == [{"name": "/"}], "permissions need the vhost before the topology file"
-    assert doc["permissions"][0]["user"] == "chatq"
+    users = {u["name"]: u for u in doc["users"]}
+    permissions = {p["user"]: p for p in doc["permissions"]}
+    assert users["admin"]["tags"] == "administrator"
+    assert users["chatq"]["tags"] == "", "the application user has no management tag"
+    for what in ("configure", "write", "read"):
+        pattern = re.compile(permissions["chatq"][what])
+        names = [e.name for e in build_topology().exchanges] + [q.name for q in build_topology().queues]
+        assert all(pattern.match(name) for name in names), (what, names)
+        assert not pattern.match("amq.topic") and not pattern.match("other.queue"), what
+
+
+def rabbitmq_users(user: str, password: str, admin: str, admin_password: str) -> dict:
+    """The users file compose writes into RabbitMQ's definitions, filled in."""
+    content = compose()["configs"]["rabbitmq-users"]["content"]
+    for name, value in {
+        "RABBITMQ_USER": user, "RABBITMQ_PASSWORD": password,
+        "RABBITMQ_ADMIN_USER": admin, "RABBITMQ_ADMIN_PASSWORD": admin_password,
+    }.items():  # fmt: skip
+        content = content.replace("${" + name + "}", value)
+    return json.loads(content)
 
 
 # ---- image -----------------------------------------------------------------------------
@@ -191,29 +230,37 @@ def test_the_image_is_multi_stage_pinned_and_runs_as_a_non_root_user() -> None:
 def test_the_kustomize_overlay_renders_and_every_object_validates_against_its_schema(overlay: Path) -> None:
     docs = kustomize(overlay)
     kinds = {d["kind"] for d in docs}
-    assert {"Deployment", "Job", "PodDisruptionBudget", "ScaledObject", "ConfigMap", "Service"} <= kinds
+    assert {
+        "Deployment", "PodDisruptionBudget", "ScaledObject", "ConfigMap", "Service", "NetworkPolicy",
+    } <= kinds  # fmt: skip
+    if overlay.name == "prod":
+        assert {"Ingress", "PodMonitor", "PrometheusRule"} <= kinds
     for doc in docs:
-        where = f"{doc['kind']}/{doc['metadata']['name']}"
-        if doc["apiVersion"].startswith("keda.sh/"):
-            schema = SCALED_OBJECT_SCHEMA if doc["kind"] == "ScaledObject" else TRIGGER_AUTHENTICATION_SCHEMA
-            jsonschema.validate(doc, schema)
-            continue
-        try:
-            kubernetes_validate.validate(doc, KUBERNETES_VERSION, strict=True)
-        except kubernetes_validate.ValidationError as exc:
-            raise AssertionError(f"{where}: {exc.message} at {list(exc.path)}") from exc
+        validate_object(doc, KUBERNETES_VERSION)
+
+
+def test_the_schema_checks_refuse_a_misspelt_field_of_every_custom_kind() -> None:
+    for doc in kustomize(OVERLAYS[1]):
+        if doc["apiVersion"].startswith(("keda.sh/", "monitoring.coreos.com/")):
+            broken = {**doc, "spec": {**doc["spec"], "selektor": {}}}
+            with pytest.raises(AssertionError, match="selektor"):
+                validate_object(broken, KUBERNETES_VERSION)
 
 
 @pytest.mark.parametrize("overlay", OVERLAYS, ids=lambda p: p.name)
-def test_every_deployment_has_probes_limits_a_budget_and_a_grace_period_that_covers_the_drain(
+def test_every_deployment_has_probes_limits_a_budget_and_a_grace_period_that_covers_the_longest_job(
     overlay: Path,
 ) -> None:
     docs = kustomize(overlay)
     config = next(
         d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("chatqueue-config")
     )
-    drain = float(config["data"]["CHATQ_SHUTDOWN_GRACE_SECONDS"])
     assert set(config["data"]) <= SETTINGS_ENV, set(config["data"]) - SETTINGS_ENV
+    # README "Grace periods": drain >= the longest job, from the overlay's own values;
+    # terminationGracePeriodSeconds >= preStop + drain + closing.
+    drain = float(config["data"]["CHATQ_SHUTDOWN_GRACE_SECONDS"])
+    worst = tuning(config["data"]).worst_case_job_seconds()
+    assert drain >= worst, f"CHATQ_SHUTDOWN_GRACE_SECONDS={drain} < the longest job, {worst} s"
     deployments = [d for d in docs if d["kind"] == "Deployment"]
     assert {d["metadata"]["name"] for d in deployments} == {
         "chatqueue-receiver", "chatqueue-coalescer", "chatqueue-responder",
@@ -232,18 +279,21 @@ def test_every_deployment_has_probes_limits_a_budget_and_a_grace_period_that_cov
         assert container["livenessProbe"]["httpGet"]["path"] == "/healthz"
         assert container["resources"]["requests"]["cpu"] and container["resources"]["limits"]["memory"]
         pre_stop = float(container["lifecycle"]["preStop"]["exec"]["command"][-1])
-        assert pod["terminationGracePeriodSeconds"] >= drain + pre_stop + 5
+        assert pod["terminationGracePeriodSeconds"] >= pre_stop + drain + CLOSE_SECONDS
         assert pod["securityContext"]["runAsNonRoot"] is True
         assert container["securityContext"]["readOnlyRootFilesystem"] is True
-        assert pod["initContainers"][0]["args"][:2] == ["shared.migrate", "--wait"]
+        (init,) = pod["initContainers"]
+        # The receiver applies the migrations; the workers wait until the schema is current.
+        expected = ["shared.migrate"] if component == "receiver" else ["shared.migrate", "--wait"]
+        assert init["args"][: len(expected)] == expected, init["args"]
+        assert init["envFrom"] == container["envFrom"]
         annotations = dep["spec"]["template"]["metadata"]["annotations"]
         port = int(annotations["prometheus.io/port"])
         assert port in {p["containerPort"] for p in container["ports"]}
         assert component in budgets
         refs = {e.get("secretRef", e.get("configMapRef"))["name"] for e in container["envFrom"]}
         assert refs == {config["metadata"]["name"], "chatqueue-secrets"}
-    job = next(d for d in docs if d["kind"] == "Job")
-    assert job["spec"]["template"]["spec"]["containers"][0]["args"] == ["shared.migrate"]
+    assert not [d for d in docs if d["kind"] == "Job"], "a Job's template is immutable: see the double apply"
 
 
 def test_the_dev_overlay_settings_pass_the_guards_its_pods_apply_and_keep_the_sandbox() -> None:
@@ -251,7 +301,7 @@ def test_the_dev_overlay_settings_pass_the_guards_its_pods_apply_and_keep_the_sa
     config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
     secret = next(d for d in docs if d["kind"] == "Secret")["data"]
     values = {**config, **{k: base64.b64decode(v).decode() for k, v in secret.items()}}
-    settings = Settings(**{k.removeprefix("CHATQ_").lower(): v for k, v in values.items()})
+    settings = overlay_settings(values)
     assert settings.production_guards, "pods listen on 0.0.0.0, not loopback"
     assert settings.sandbox_active
 
@@ -302,9 +352,17 @@ def test_keda_scales_the_responder_and_the_coalescer_on_their_own_queues() -> No
         assert set(trigger["metadata"]) <= RABBITMQ_TRIGGER_KEYS
         assert trigger["metadata"]["queueName"] == expected[target] and expected[target] in queues
         assert trigger["metadata"]["mode"] == "QueueLength"
+        # Over HTTP the queue length is ready + unacked; over AMQP busy workers look idle.
+        assert trigger["metadata"]["protocol"] == "http"
         ref = auth[trigger["authenticationRef"]["name"]]["spec"]["secretTargetRef"][0]
-        assert (ref["parameter"], ref["name"], ref["key"]) == ("host", "chatqueue-secrets", "CHATQ_AMQP_URL")
+        assert (ref["parameter"], ref["name"], ref["key"]) == (
+            "host", "chatqueue-secrets", "RABBITMQ_MANAGEMENT_URL",
+        )  # fmt: skip
         assert obj["spec"]["minReplicaCount"] >= 2, "two replicas keep serving while one restarts"
+        deployment = next(d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == target)
+        assert "replicas" not in deployment["spec"], f"{target}: KEDA owns its replicas"
+    keda = (DEPLOY / "k8s" / "base" / "keda.yaml").read_text()
+    assert "ready + unacked" in keda.lower() and "only ready messages" in keda
 
 
 # ---- Prometheus and Grafana ------------------------------------------------------------
@@ -418,3 +476,255 @@ def test_the_dashboard_files_are_what_their_builder_renders() -> None:
         assert path.read_text() == rendered[path.name], (
             f"run: python deploy/grafana/build_dashboards.py ({path.name})"
         )
+
+
+# ---- day two: upgrades, secrets, connections, exposure, alerting ----------------------
+
+
+def test_applying_the_overlay_again_with_new_config_and_a_new_image_is_valid(tmp_path: Path) -> None:
+    prod = OVERLAYS[1]
+    first = kustomize(prod)
+    second = kustomize_variant(
+        prod, tmp_path, literals={"CHATQ_LLM_TIMEOUT_SECONDS": "25"}, image_tag="0.2.0"
+    )
+    # The second render really is another release: new config (a new ConfigMap name the
+    # pods follow) and the new image everywhere.
+    config_names = [{d["metadata"]["name"] for d in r if d["kind"] == "ConfigMap"} for r in (first, second)]
+    assert config_names[0] != config_names[1]
+    images = {
+        c["image"]
+        for d in second
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"]["initContainers"]
+    }
+    assert images == {"registry.example.invalid/chatqueue:0.2.0"}
+    assert apply_conflicts(first, second) == []
+    assert apply_conflicts(second, second) == [], "re-applying the same release changes nothing"
+    # The check catches what broke upgrades before: a Job of a fixed name with a new template.
+    job = {
+        "apiVersion": "batch/v1",
+        "kind": "Job",
+        "metadata": {"name": "chatqueue-migrate", "namespace": "chatqueue"},
+        "spec": {"template": {"spec": {"containers": [{"image": "chatqueue:0.1.0"}]}}},
+    }
+    newer = json.loads(json.dumps(job).replace("0.1.0", "0.2.0"))
+    assert apply_conflicts([job], [newer]) == [
+        "Job/chatqueue-migrate: spec.template is immutable and changed"
+    ]
+
+
+PROD_SECRETS = DEPLOY / "k8s" / "overlays" / "prod" / "secrets.env.example"
+
+
+def secret_keys(path: Path) -> tuple[dict[str, str], set[str]]:
+    """The required NAME=value lines of a secrets example, and every key it names."""
+    required = dict(
+        line.split("=", 1) for line in path.read_text().splitlines() if re.match(r"[A-Z_]+=\S", line)
+    )
+    named = set(re.findall(r"^#?([A-Z_]+)=", path.read_text(), re.M))
+    return required, named
+
+
+def test_the_prod_secret_is_one_documented_instruction_whose_keys_pass_the_production_guards() -> None:
+    instruction = (
+        "kubectl -n chatqueue create secret generic chatqueue-secrets "
+        "--from-env-file=deploy/k8s/overlays/prod/secrets.env"
+    )
+    kustomization = (DEPLOY / "k8s" / "overlays" / "prod" / "kustomization.yaml").read_text()
+    readme = (ROOT / "README.md").read_text()
+    for where, text in [
+        ("overlay", kustomization),
+        ("example", PROD_SECRETS.read_text()),
+        ("README", readme),
+    ]:
+        assert instruction in text, f"the {where} does not give the one instruction"
+    assert "secret generic chatqueue-secrets --from-env-file=" not in readme.replace(instruction, ""), (
+        "the README names another file"
+    )
+    required, named = secret_keys(PROD_SECRETS)
+    assert set(required) == {
+        "CHATQ_DATABASE_URL", "CHATQ_AMQP_URL", "CHATQ_ADMIN_TOKEN", "RABBITMQ_MANAGEMENT_URL",
+    }  # fmt: skip
+    assert named - {"RABBITMQ_MANAGEMENT_URL"} <= SETTINGS_ENV, named - SETTINGS_ENV
+    docs = kustomize(OVERLAYS[1])
+    # Every key an object reads from the Secret is one the example requires.
+    read = {
+        ref["key"]
+        for d in docs
+        if d["kind"] == "TriggerAuthentication"
+        for ref in d["spec"]["secretTargetRef"]
+        if ref["name"] == "chatqueue-secrets"
+    }
+    assert read <= set(required), read - set(required)
+    config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
+    # As shipped, every placeholder is refused.
+    with pytest.raises(ValidationError) as refused:
+        overlay_settings({**config, **required})
+    for name in ("CHATQ_DATABASE_URL", "CHATQ_AMQP_URL", "CHATQ_ADMIN_TOKEN"):
+        assert name in str(refused.value)
+    # Filled in as the comment says, the Secret plus the ConfigMap pass the validator.
+    filled = {
+        k: re.sub(r"CHANGE-ME[\w-]*", lambda _: "Qm7vTz2pLw9xKc4RHs8dJ3kq", v) for k, v in required.items()
+    }
+    settings = overlay_settings({**config, **filled})
+    assert settings.production_guards and settings.env == "production"
+    assert settings.admin_token is not None
+
+
+def test_at_maximum_scale_every_connection_fits_in_the_documented_postgres_max_connections() -> None:
+    """README "Connections": each process's pool at its maximum, at KEDA's maximum replicas
+    plus the one pod a rollout adds, plus the init containers of the surging pods, a
+    person's sessions and Postgres' superuser reserve."""
+    docs = kustomize(OVERLAYS[1])
+    config = tuning(next(d for d in docs if d["kind"] == "ConfigMap")["data"])
+    scaled = {
+        d["spec"]["scaleTargetRef"]["name"]: d["spec"]["maxReplicaCount"]
+        for d in docs
+        if d["kind"] == "ScaledObject"
+    }
+    needed = 0
+    for dep in (d for d in docs if d["kind"] == "Deployment"):
+        name = dep["metadata"]["name"]
+        pods = (
+            scaled.get(name, dep["spec"].get("replicas", 1))
+            + dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
+        )
+        needed += pods * config.database_connections(name.removeprefix("chatqueue-"))
+        needed += dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"]  # its init container
+    needed += PERSON_SESSIONS + SUPERUSER_RESERVED
+    readme = (ROOT / "README.md").read_text()
+    documented = int(re.search(r"`max_connections` of at least (\d+)", readme).group(1))
+    assert needed <= documented, f"{needed} connections at maximum scale, the README asks for {documented}"
+    assert f"= {needed}" in readme, "the README shows the same arithmetic"
+    # compose: one process of each, the one-shot migration, within its Postgres' setting.
+    command = compose()["services"]["postgres"]["command"]
+    limit = int(next(c.split("=")[1] for c in command if c.startswith("max_connections=")))
+    services = compose()["services"]
+    one_each = sum(
+        tuning(services[s]["environment"] | {"CHATQ_DATABASE_POOL_SIZE": "10"}).database_connections(s)
+        for s in ("receiver", "coalescer", "responder")
+    )
+    assert one_each + 1 + PERSON_SESSIONS + SUPERUSER_RESERVED <= limit
+
+
+PERSON_SESSIONS = 5  # psql, pg_dump, chatq doctor
+SUPERUSER_RESERVED = 3  # Postgres' superuser_reserved_connections default
+
+
+def test_only_the_webhooks_are_public_over_tls_and_everything_else_is_denied_by_default() -> None:
+    docs = kustomize(OVERLAYS[1])
+    (ingress,) = [d for d in docs if d["kind"] == "Ingress"]
+    spec = ingress["spec"]
+    hosts = {h for t in spec["tls"] for h in t["hosts"]}
+    paths = [p for rule in spec["rules"] for p in rule["http"]["paths"]]
+    assert {r["host"] for r in spec["rules"]} <= hosts, "every routed host has TLS"
+    assert [(p["path"], p["pathType"]) for p in paths] == [("/v1/webhooks/", "Prefix")]
+    backend = paths[0]["backend"]["service"]
+    assert (backend["name"], backend["port"]) == ("chatqueue-receiver", {"name": "http"})
+    service = next(
+        d for d in docs if d["kind"] == "Service" and d["metadata"]["name"] == "chatqueue-receiver"
+    )
+    http = next(p for p in service["spec"]["ports"] if p["name"] == "http")
+    receiver = next(
+        d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] == "chatqueue-receiver"
+    )
+    ports = {
+        p["name"]: p["containerPort"] for p in receiver["spec"]["template"]["spec"]["containers"][0]["ports"]
+    }
+    assert http["targetPort"] == "http" and ports["http"] != ports["admin"]
+
+    policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
+    deny = [
+        p
+        for p in policies
+        if p["spec"]["podSelector"] == {} and "ingress" not in p["spec"] and "egress" not in p["spec"]
+    ]
+    assert deny and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}, "default deny, both ways"
+
+    def allowed_in(component: str, port: int) -> set[str]:
+        """Namespaces allowed to reach ``port`` of ``component``'s pods."""
+        sources = set()
+        for p in policies:
+            labels = p["spec"]["podSelector"].get("matchLabels", {})
+            if (
+                labels.get("app.kubernetes.io/component", component) != component
+                or "ingress" not in p["spec"]
+            ):
+                continue
+            for rule in p["spec"]["ingress"]:
+                if port in {x["port"] for x in rule.get("ports", [])}:
+                    sources |= {
+                        f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
+                        for f in rule["from"]
+                    }
+        return sources
+
+    assert allowed_in("receiver", ports["http"]) == {"ingress-nginx"}
+    assert allowed_in("receiver", ports["admin"]) == {"monitoring"}, "the admin port is never public"
+    for worker in ("coalescer", "responder"):
+        assert allowed_in(worker, 9100) == {"monitoring"}
+    egress = {
+        (x.get("protocol", "TCP"), x["port"])
+        for p in policies
+        for rule in p["spec"].get("egress", [])
+        for x in rule.get("ports", [])
+    }
+    assert {("UDP", 53), ("TCP", 5432), ("TCP", 5672), ("TCP", 443)} <= egress
+
+
+def test_the_kube_prometheus_objects_scrape_every_service_and_carry_the_same_rules_as_compose() -> None:
+    import importlib.util
+
+    docs = kustomize(OVERLAYS[1])
+    namespace = next(d for d in docs if d["kind"] == "Namespace")["metadata"]["name"]
+    monitors = {d["metadata"]["name"]: d for d in docs if d["kind"] == "PodMonitor"}
+    target_down = next(
+        r["expr"]
+        for g in yaml.safe_load(RULES.read_text())["groups"]
+        for r in g["rules"]
+        if r.get("alert") == "ChatqueueTargetDown"
+    )
+    job_regex = re.search(r'job=~"([^"]+)"', target_down).group(1)
+    for dep in (d for d in docs if d["kind"] == "Deployment"):
+        name = dep["metadata"]["name"]
+        monitor = monitors[name]
+        pod = dep["spec"]["template"]
+        assert monitor["spec"]["selector"]["matchLabels"].items() <= pod["metadata"]["labels"].items()
+        (endpoint,) = monitor["spec"]["podMetricsEndpoints"]
+        ports = {p["name"]: p["containerPort"] for p in pod["spec"]["containers"][0]["ports"]}
+        assert ports[endpoint["port"]] == int(pod["metadata"]["annotations"]["prometheus.io/port"])
+        # prometheus-operator names a PodMonitor's job <namespace>/<name>: target-down matches it.
+        assert re.fullmatch(job_regex, f"{namespace}/{name}"), (job_regex, name)
+        assert re.fullmatch(job_regex, name), "and compose's job names"
+    (rule,) = [d for d in docs if d["kind"] == "PrometheusRule"]
+    assert rule["spec"]["groups"] == yaml.safe_load(RULES.read_text())["groups"]
+    spec = importlib.util.spec_from_file_location(
+        "build_k8s_rules", DEPLOY / "prometheus" / "build_k8s_rules.py"
+    )
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    assert module.OUTPUT.read_text() == module.render(), "run: python deploy/prometheus/build_k8s_rules.py"
+
+
+def test_prometheus_sends_alerts_to_an_alertmanager_whose_config_amtool_accepts(tmp_path: Path) -> None:
+    config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
+    targets = [
+        t for a in config["alerting"]["alertmanagers"] for s in a["static_configs"] for t in s["targets"]
+    ]
+    services = compose()["services"]
+    assert targets == ["alertmanager:9093"] and "alertmanager" in services
+    assert services["prometheus"]["depends_on"]["alertmanager"]["condition"] == "service_healthy"
+    content = compose()["configs"]["alertmanager-config"]["content"]
+    assert "${ALERTMANAGER_WEBHOOK_URL:?" in content, "compose refuses to start without the webhook"
+    filled = re.sub(r"\$\{ALERTMANAGER_WEBHOOK_URL[^}]*\}", "https://hooks.chat.test/alerts", content)
+    (tmp_path / "alertmanager.yml").write_text(filled)
+    amtool = shutil.which("amtool")
+    assert amtool, "amtool not found: `make test` installs it (Debian package prometheus-alertmanager)"
+    out = subprocess.run(
+        [amtool, "check-config", str(tmp_path / "alertmanager.yml")], capture_output=True, text=True
+    )
+    assert out.returncode == 0, out.stdout + out.stderr
+    doc = yaml.safe_load(filled)
+    assert doc["route"]["receiver"] in {r["name"] for r in doc["receivers"]}
+    # The webhook URL from deploy/.env is a placeholder until a person sets it.
+    assert "CHANGE-ME" in example_values(DEPLOY / ".env.example")["ALERTMANAGER_WEBHOOK_URL"]

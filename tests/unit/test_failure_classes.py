@@ -241,3 +241,19 @@ async def test_a_429_without_retry_after_backs_off_with_jitter() -> None:
         await call(client, limiter, "avito", "7", "POST", "https://avito.test/x")
         waits.add(round(limiter.delay("avito:7"), 3))
     assert all(5 <= w <= 20 for w in waits) and len(waits) > 1
+
+
+def test_every_retry_reason_the_responder_can_count_is_created_at_start() -> None:
+    """shared.metrics.RETRY_REASONS lists the RetryLater kinds that are not a stage's
+    failure; the rest are "<stage>_<failure kind>", and only transient failures retry."""
+    import re
+    from pathlib import Path
+
+    from services.responder import handler
+    from shared.metrics import RETRY_REASONS
+
+    source = Path(handler.__file__).read_text()
+    literal = set(re.findall(r'kind="([a-z_]+)"', source))
+    assert literal == set(RETRY_REASONS), literal ^ set(RETRY_REASONS)
+    assert 'kind=f"{stage}_{failure.kind}"' in source
+    assert "if failure.kind is Kind.PERMANENT:" in source, "non-transient failures do not retry"

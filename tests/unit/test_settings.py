@@ -272,3 +272,15 @@ def test_secret_values_lists_every_secret_and_the_passwords_of_the_urls_but_not_
     assert sorted(s.secret_values()) == sorted(
         ["4242:AAE-token", "avito-secret", "Qm7vTz2pLw9xKc4R", "Hs8dJ3kq0PzX5nVb"]
     )
+
+
+def test_a_previous_admin_token_is_accepted_only_beside_a_current_one_and_is_guarded_like_it() -> None:
+    with pytest.raises(ValidationError, match="ADMIN_TOKEN_PREVIOUS is accepted only beside"):
+        Settings(admin_token_previous="Qm7vTz2pLw9xKc4RHs8dJ3kq0PzX5nVb")
+    with pytest.raises(ValidationError, match="CHATQ_ADMIN_TOKEN_PREVIOUS"):
+        Settings(
+            env="production",
+            **SERVER_CREDENTIALS,
+            admin_token="Qm7vTz2pLw9xKc4RHs8dJ3kq0PzX5nVb",
+            admin_token_previous="CHANGE-ME-admin-token",
+        )
