@@ -23,11 +23,12 @@ from shared.broker.consumer import Reject, RetryLater
 from shared.faults import fault_point
 from shared.messages import ReplyJob
 from shared.retry import attempt_of
+from shared.settings import DEFAULT_GREETING
 from shared.state.job import DeliveryStatus
 
 from .failures import Failure, Kind
 from .idempotency import Job, JobBusy, JobSession, JobStore, Reconcile, Skip
-from .llm import ReplyWriter, cut
+from .llm import ReplyWriter, Turn, cut
 from .platforms.base import Attempts, Platform, SentQuery, TooEarly
 
 logger = logging.getLogger(__name__)
@@ -37,6 +38,24 @@ ACCOUNTS_PAUSED = Counter(
     "Platform accounts paused because the platform refused them, by platform.",
     ["platform"],
 )
+
+
+def is_command(text: str) -> bool:
+    """A Telegram bot command: a message that begins with one (/start, /help@shop_bot).
+    Telegram marks it with a ``bot_command`` entity at offset 0, which it gives only to
+    text that begins with "/"."""
+    return text.startswith("/")
+
+
+def for_the_writer(job: Job) -> tuple[list[Turn], list[str]]:
+    """The chat's history and the job's messages, as the reply writer sees them. Telegram
+    bot commands (/start) are not questions: they are left out, and a job with nothing
+    else gets the greeting instead of a written reply."""
+    history, batch = list(job.history), [m.text for m in job.messages]
+    if job.platform == "telegram":
+        history = [t for t in history if t.role != "buyer" or not is_command(t.text)]
+        batch = [text for text in batch if not is_command(text)]
+    return history, batch
 
 
 class Responder:
@@ -50,6 +69,7 @@ class Responder:
         fold_max_rounds: int = 2,
         review_owner: str = "on-call",
         account_probe_seconds: float = 60.0,
+        greeting: str = DEFAULT_GREETING,
     ) -> None:
         self._store = store
         self._platforms = platforms
@@ -58,6 +78,7 @@ class Responder:
         self._fold_max_rounds = fold_max_rounds
         self._owner = review_owner
         self._probe_seconds = account_probe_seconds
+        self._greeting = greeting
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         try:
@@ -102,7 +123,13 @@ class Responder:
         else:
             await db.before_send(job, text, attempt, fold=False)
         try:
-            sent = await platform.send(job.account_id, job.chat_id, text, key=str(job.job_id))
+            sent = await platform.send(
+                job.account_id,
+                job.chat_id,
+                text,
+                key=str(job.job_id),
+                business_connection_id=job.business_connection_id,
+            )
         except Failure as failure:
             await self._send_failed(db, job, platform, failure)
             return
@@ -136,7 +163,12 @@ class Responder:
         return job, text
 
     async def _write(self, job: Job, platform: Platform) -> str:
-        return cut(await self._writer.write(job.history, [m.text for m in job.messages]), platform.max_text)
+        """The reply's text: the greeting for a job of bot commands only, without a model
+        call; else the writer's. Either way the reply takes the same path to the chat."""
+        history, batch = for_the_writer(job)
+        if not batch:
+            return cut(self._greeting, platform.max_text)
+        return cut(await self._writer.write(history, batch), platform.max_text)
 
     async def _failed(self, db: JobSession, job: Job, failure: Failure, *, stage: str) -> None:
         """A failure that left nothing on the platform: retry later, or give up for good."""
