@@ -13,7 +13,7 @@ from typing import Literal
 
 import httpx
 
-from services.receiver.webhooks.telegram import ANSWERED_UPDATES
+from services.receiver.webhooks.telegram import answered_updates
 from shared.platform_admin import (
     AVITO_NO_PLAN,
     AVITO_NO_PLAN_FIX,
@@ -122,7 +122,9 @@ async def connect_telegram(settings: Settings, client: httpx.AsyncClient, *, dis
         # Always sent: Telegram never shows the secret token back, so only setting it makes
         # sure it is the current one. Telegram says when nothing changed.
         said = await api.set_webhook(
-            ours, settings.telegram_webhook_secret.get_secret_value(), list(ANSWERED_UPDATES)
+            ours,
+            settings.telegram_webhook_secret.get_secret_value(),
+            list(answered_updates(settings.telegram_chat_type_set)),
         )
         after = await api.webhook_info()
     except PlatformError as exc:

@@ -19,7 +19,7 @@ import asyncpg
 import httpx
 from aio_pika.exceptions import AMQPError
 
-from services.receiver.webhooks.telegram import ANSWERED_UPDATES
+from services.receiver.webhooks.telegram import answered_updates
 from shared.alerts import Alerter
 from shared.broker.topology import build_topology
 from shared.connect import avito_webhook_url, telegram_webhook_url
@@ -241,7 +241,8 @@ async def _telegram_webhook(settings: Settings, api: TelegramAdmin, now: float) 
     if url != ours:
         return fail(name, f"the webhook points to {masked_url(url)}, not to {masked_url(ours)}", connect)
     allowed = info.get("allowed_updates")
-    if isinstance(allowed, list) and not set(ANSWERED_UPDATES) <= set(allowed):
+    answered = answered_updates(settings.telegram_chat_type_set)
+    if isinstance(allowed, list) and not set(answered) <= set(allowed):
         return fail(name, f"Telegram delivers only {', '.join(map(str, allowed)) or 'nothing'}", connect)
     error_at = info.get("last_error_date")
     if isinstance(error_at, int) and now - error_at < RECENT_ERROR_SECONDS:

@@ -38,6 +38,15 @@ MIN_DISTINCT_CHARACTERS = 8
 JOB_BOOKKEEPING_SECONDS = 5.0
 GENERATE_HINT = "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
 
+#: Chat.type's documented values (Bot API: "private", "group", "supergroup" or "channel").
+TELEGRAM_CHAT_TYPES = ("private", "group", "supergroup", "channel")
+#: What a Telegram bot command (/start, /help) gets instead of a written reply.
+DEFAULT_GREETING = (
+    "Hello! Write your question here (is it available, the price, delivery) and we will answer shortly."
+)
+#: Telegram takes up to 4096 characters a message.
+MAX_GREETING_CHARS = 4096
+
 
 def placeholder_reason(secret: str) -> str | None:
     """Why ``secret`` looks like a stand-in rather than a random value, or None.
@@ -108,6 +117,9 @@ class Settings(BaseSettings):
     telegram_bot_token: SecretStr | None = None
     telegram_webhook_secret: SecretStr | None = None
     telegram_api_base: str = "https://api.telegram.org"
+    # The Telegram chat types the bot answers (comma-separated Chat.type values); messages in
+    # any other chat are stored as ignored with the reason.
+    telegram_chat_types: str = "private"
     avito_client_id: str | None = None
     avito_client_secret: SecretStr | None = None
     avito_webhook_secret: SecretStr | None = None
@@ -122,6 +134,8 @@ class Settings(BaseSettings):
     llm_model: str = "gpt-4o-mini"
     llm_timeout_seconds: float = Field(default=20.0, gt=0)
     facts_file: str | None = None
+    # The answer to a Telegram bot command (/start), sent without asking the model.
+    greeting: str = DEFAULT_GREETING
 
     # Coalescing (design section 4)
     quiet_seconds: float = Field(default=8.0, ge=0)
@@ -204,6 +218,26 @@ class Settings(BaseSettings):
         raw = v.get_secret_value()
         if not (1 <= len(raw) <= 256) or not all(c.isascii() and (c.isalnum() or c in "_-") for c in raw):
             raise ValueError("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ -")
+        return v
+
+    @field_validator("telegram_chat_types")
+    @classmethod
+    def _telegram_chat_types_are_documented(cls, v: str) -> str:
+        types = [t.strip().lower() for t in v.split(",") if t.strip()]
+        unknown = [t for t in types if t not in TELEGRAM_CHAT_TYPES]
+        if not types or unknown:
+            raise ValueError(
+                f"TELEGRAM_CHAT_TYPES must list Telegram chat types ({', '.join(TELEGRAM_CHAT_TYPES)}), "
+                f"comma-separated; not {', '.join(unknown) or 'nothing'}"
+            )
+        return ",".join(t for t in TELEGRAM_CHAT_TYPES if t in types)
+
+    @field_validator("greeting")
+    @classmethod
+    def _greeting_fits_a_message(cls, v: str) -> str:
+        v = v.strip()
+        if not v or len(v) > MAX_GREETING_CHARS:
+            raise ValueError(f"GREETING must be 1-{MAX_GREETING_CHARS} characters")
         return v
 
     @field_validator("public_url")
@@ -351,6 +385,11 @@ class Settings(BaseSettings):
         if service == "responder":
             return max(self.database_pool_size, 2 * self.responder_concurrency + 2)
         return self.database_pool_size
+
+    @property
+    def telegram_chat_type_set(self) -> frozenset[str]:
+        """TELEGRAM_CHAT_TYPES as a set of Chat.type values."""
+        return frozenset(self.telegram_chat_types.split(","))
 
     def job_caps(self) -> JobCaps:
         return JobCaps(messages=self.job_max_messages, chars=self.job_max_text_chars)

@@ -139,6 +139,7 @@ def _webhook_routes(settings: Settings) -> APIRouter:
     telegram_secret = _secret(settings.telegram_webhook_secret)
     avito_secret = _secret(settings.avito_webhook_secret)
     telegram_account = settings.telegram_account_id
+    telegram_chat_types = settings.telegram_chat_type_set
     router = APIRouter()
 
     async def accept(request: Request, platform: str, intake: Intake) -> Stored:
@@ -147,7 +148,10 @@ def _webhook_routes(settings: Settings) -> APIRouter:
         runtime: Runtime = request.app.state.runtime
         if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":
             runtime.relay.notify()
-        outcome = "duplicate" if stored.duplicate else ("ignored" if intake.ignored_reason else "accepted")
+        # An edit's fate is decided as it is stored: read the stored status.
+        outcome = (
+            "duplicate" if stored.duplicate else ("ignored" if stored.status == "ignored" else "accepted")
+        )
         metrics.WEBHOOKS.labels(platform=platform, outcome=outcome).inc()
         return stored
 
@@ -157,7 +161,8 @@ def _webhook_routes(settings: Settings) -> APIRouter:
         with _rejections("telegram"):
             telegram.authenticate(telegram_secret, request.headers.get(telegram.SECRET_HEADER))
             data, raw = parse_json(await _json_body(request))
-            stored = await accept(request, "telegram", telegram.normalise(data, raw, telegram_account))
+            intake = telegram.normalise(data, raw, telegram_account, telegram_chat_types)
+            stored = await accept(request, "telegram", intake)
         metrics.WEBHOOK_SECONDS.labels(platform="telegram").observe(time.perf_counter() - started)
         return JSONResponse(_ack(stored))
 

@@ -34,6 +34,8 @@ TAKEOVERS = Counter(
 
 #: A platform timestamp further ahead of our clock than this is not believed.
 FUTURE_TOLERANCE_SECONDS = 300
+#: Why an edit is stored as ignored: no reply of its chat was pending when it arrived.
+EDITED_AFTER_REPLY = "edited after the reply; not answered again"
 #: Longest id (account, chat, message, author, event) we store: far above any platform's
 #: (Telegram's are 64-bit integers, Avito's and generic ones short strings), far below
 #: what a btree index entry can hold.
@@ -54,14 +56,21 @@ class Intake:
     sent_at: datetime | None
     payload: str  # the body as received, verbatim
     ignored_reason: str | None = None
+    #: Telegram Business: the connection a reply to this chat goes through.
+    business_connection_id: str | None = None
+    #: An edit of an earlier message: answered only when a reply to its chat is still
+    #: pending (an open window, or a job not yet past its delivery intent), else stored as
+    #: ignored. ``store`` decides, in the statement that stores it.
+    is_edit: bool = False
     #: Written by the account itself (the seller, or our own reply coming back): decided
     #: at storage (chatq_is_echo); the seller's message makes the bot step back.
     written_by_seller: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("account_id", "event_id", "chat_id", "message_id", "author_id", "text"):
+        ids = ("account_id", "event_id", "chat_id", "message_id", "author_id", "business_connection_id")
+        for name in (*ids, "text"):
             check_storable(name, getattr(self, name))
-        for name in ("account_id", "event_id", "chat_id", "message_id", "author_id"):
+        for name in ids:
             value = getattr(self, name)
             if value is not None and len(value) > MAX_ID_LENGTH:
                 raise ApiError(
@@ -98,16 +107,38 @@ class Stored:
 
 # The inbound message's body is the row as stored, as chatq.inbound.v1 (shared.messages:
 # a test checks that it parses as InboundMessage).
+#
+# An edit ($15) to answer is answered only while a reply to its chat is pending, read in
+# this statement's one snapshot: an open window, a reply job in flight that has not
+# recorded its delivery intent (or whose only attempt surely did not send), or a message
+# of the chat still on its way to a window. Otherwise it is stored as ignored ($16): the
+# reply went out, or may have. Two racing edits each see a committed state; neither can
+# see half of one (a window closes into its job in one transaction, a reply is recorded
+# in one).
 _STORE_SQL = f"""
-WITH clock AS (SELECT clock_timestamp() AS now), op AS (
+WITH clock AS (SELECT clock_timestamp() AS now), late AS (
+    SELECT CASE WHEN $15::boolean AND $10::text = 'accepted' THEN NOT (
+        EXISTS (SELECT 1 FROM chat_windows w
+                WHERE w.chat_key = chatq_chat_key($2, $3, $5) AND w.status = 'open')
+        OR EXISTS (SELECT 1 FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
+                   WHERE r.chat_key = chatq_chat_key($2, $3, $5) AND r.status IN ('pending', 'processing')
+                     AND (d.job_id IS NULL OR (d.status = 'not_sent' AND NOT d.maybe_sent)))
+        OR EXISTS (SELECT 1 FROM operations t
+                   WHERE t.platform = $2 AND t.account_id = $3 AND t.chat_id = $5
+                     AND t.status IN ('accepted', 'queued'))
+    ) ELSE false END AS edited_after_reply
+), op AS (
     INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id,
-                            author_id, text, sent_at, status, status_reason, received_at, payload)
+                            author_id, text, sent_at, status, status_reason, received_at, payload,
+                            business_connection_id)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8,
            CASE WHEN $9::timestamptz IS NULL
                   OR $9::timestamptz > clock.now + interval '{FUTURE_TOLERANCE_SECONDS} seconds'
                 THEN clock.now ELSE $9::timestamptz END,
-           $10, $11, clock.now, $12::text::json
-    FROM clock
+           CASE WHEN late.edited_after_reply THEN 'ignored' ELSE $10 END,
+           CASE WHEN late.edited_after_reply THEN $16 ELSE $11 END,
+           clock.now, $12::text::json, $17
+    FROM clock, late
     ON CONFLICT DO NOTHING
     RETURNING id, platform, account_id, chat_id, message_id, author_id, text, sent_at, received_at, status,
               status_reason
@@ -184,6 +215,9 @@ async def store(pool: asyncpg.Pool, intake: Intake, *, hold_seconds: float = 0) 
             intake.payload,
             INBOUND_EXCHANGE,
             inbound_routing_key(intake.platform),
+            intake.is_edit,
+            EDITED_AFTER_REPLY,
+            intake.business_connection_id,
         )
     except (asyncpg.DataError, asyncpg.InvalidTextRepresentationError) as exc:
         # E.g. a JSON escape Postgres cannot store (\u0000, a lone surrogate).

@@ -111,6 +111,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         fold_max_rounds=settings.fold_max_rounds,
         review_owner=settings.review_owner,
         account_probe_seconds=settings.account_probe_seconds,
+        greeting=settings.greeting,
     )
     consumer = Consumer(
         consume_broker,

@@ -23,11 +23,12 @@ from shared.broker.consumer import Reject, RetryLater
 from shared.faults import fault_point
 from shared.messages import ReplyJob
 from shared.retry import attempt_of
+from shared.settings import DEFAULT_GREETING
 from shared.state.job import DeliveryStatus
 
 from .failures import Failure, Kind
 from .idempotency import Job, JobBusy, JobSession, JobStore, JobWithdrawn, Part, Reconcile, Skip
-from .llm import ReplyWriter
+from .llm import ReplyWriter, Turn
 from .parts import split_reply
 from .platforms.base import Attempts, Platform, Sent, SentQuery, TooEarly
 
@@ -38,6 +39,24 @@ ACCOUNTS_PAUSED = Counter(
     "Platform accounts paused because the platform refused them, by platform.",
     ["platform"],
 )
+
+
+def is_command(text: str) -> bool:
+    """A Telegram bot command: a message that begins with one (/start, /help@shop_bot).
+    Telegram marks it with a ``bot_command`` entity at offset 0, which it gives only to
+    text that begins with "/"."""
+    return text.startswith("/")
+
+
+def for_the_writer(job: Job) -> tuple[list[Turn], list[str]]:
+    """The chat's history and the job's messages, as the reply writer sees them. Telegram
+    bot commands (/start) are not questions: they are left out, and a job with nothing
+    else gets the greeting instead of a written reply."""
+    history, batch = list(job.history), [m.text for m in job.messages]
+    if job.platform == "telegram":
+        history = [t for t in history if t.role != "buyer" or not is_command(t.text)]
+        batch = [text for text in batch if not is_command(text)]
+    return history, batch
 
 
 class Responder:
@@ -51,6 +70,7 @@ class Responder:
         fold_max_rounds: int = 2,
         review_owner: str = "on-call",
         account_probe_seconds: float = 60.0,
+        greeting: str = DEFAULT_GREETING,
     ) -> None:
         self._store = store
         self._platforms = platforms
@@ -59,6 +79,7 @@ class Responder:
         self._fold_max_rounds = fold_max_rounds
         self._owner = review_owner
         self._probe_seconds = account_probe_seconds
+        self._greeting = greeting
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         try:
@@ -136,6 +157,7 @@ class Responder:
                     job.chat_id,
                     part,
                     key=f"{job.job_id}:{number}" if many else str(job.job_id),
+                    business_connection_id=job.business_connection_id,
                 )
             except Failure as failure:
                 if many:
@@ -181,7 +203,13 @@ class Responder:
         return job, text
 
     async def _write(self, job: Job, platform: Platform) -> str:
-        return await self._writer.write(job.history, [m.text for m in job.messages])
+        """The reply's text: the greeting for a job of bot commands only, without a model
+        call; else the writer's. Either way the reply takes the same path to the chat (a
+        reply longer than the platform takes goes out in parts)."""
+        history, batch = for_the_writer(job)
+        if not batch:
+            return self._greeting
+        return await self._writer.write(history, batch)
 
     async def _failed(self, db: JobSession, job: Job, failure: Failure, *, stage: str) -> None:
         """A failure that left nothing on the platform: retry later, or give up for good."""

@@ -52,6 +52,8 @@ class Job:
     history: tuple[Turn, ...] = ()
     #: Why the job's account may not send now (paused), or None.
     account_paused: str | None = None
+    #: Telegram Business: the connection the reply goes through, or None.
+    business_connection_id: str | None = None
 
     @property
     def chat_key(self) -> str:
@@ -247,6 +249,7 @@ class JobSession:
             messages,
             history,
             row["account_paused"],
+            row["business_connection_id"],
         )
         if row["outcome"] == "reconcile":
             return Reconcile(

@@ -66,12 +66,14 @@ $$;
 --   reconcile  a delivery is 'sending' or 'unknown': the reply may be on the platform
 --   claimed    processing; the job holds its messages in reply_coverage
 -- With account_paused: the job's account is paused (why), so nothing may be sent now.
+-- business_connection_id: the Telegram Business connection the reply goes through (the
+-- latest one among the job's messages), or NULL.
 -- One row. The job's messages (reconcile: all of them; claimed: those it keeps) come as
 -- parallel arrays in platform order, with the chat's last p_history turns before them.
 DROP FUNCTION IF EXISTS chatq_claim(uuid, integer, bigint, integer);
 CREATE OR REPLACE FUNCTION chatq_claim(p_job uuid, p_attempt integer, p_lock_key bigint, p_history integer)
 RETURNS TABLE (outcome text, reason text, platform text, account_id text, chat_id text, chat_key text,
-               account_paused text,
+               account_paused text, business_connection_id text,
                delivery_status text, delivery_text text, delivery_started_at timestamptz,
                delivery_maybe_since timestamptz, history_roles text[], history_texts text[],
                operation_ids uuid[], message_ids text[], texts text[], sent_ats timestamptz[],
@@ -138,9 +140,11 @@ BEGIN
     -- on the platform covers them all). Otherwise the job keeps those still unanswered
     -- that no other reply holds.
     FOREACH v IN ARRAY j.ops LOOP
-        SELECT op.status, op.message_id, op.text, op.sent_at AS sent, op.received_at, op.job_id
+        SELECT op.status, op.message_id, op.text, op.sent_at AS sent, op.received_at, op.job_id,
+               op.business_connection_id AS bc
         INTO o FROM operations op WHERE op.id = v;
         CONTINUE WHEN NOT FOUND;
+        business_connection_id := coalesce(o.bc, business_connection_id);
         IF NOT reconciling THEN
             SELECT rc.job_id INTO holder FROM reply_coverage rc WHERE rc.operation_id = v;
             IF FOUND AND holder <> p_job THEN

@@ -69,12 +69,13 @@ async def test_connect_registers_both_webhooks_and_a_second_run_changes_nothing_
     telegram = await chatq(seller, "connect", "telegram")
     assert telegram.returncode == 0, telegram.stderr
     assert f"webhook registered at {TELEGRAM_URL}" in telegram.stdout
-    assert "allowed updates   message" in telegram.stdout
+    kinds = ["message", "edited_message", "business_message", "edited_business_message"]
+    assert f"allowed updates   {', '.join(kinds)}" in telegram.stdout
     bot = world.telegram_bot("4242:test-token")
     assert (bot.webhook_url, bot.secret_token, bot.allowed_updates) == (
         TELEGRAM_URL,
         TELEGRAM_SECRET,
-        ["message"],
+        kinds,
     )
 
     avito = await chatq(seller, "connect", "avito")
@@ -191,6 +192,22 @@ async def test_doctor_reports_a_recent_telegram_delivery_error_with_its_message(
     webhook = line(doctor.stdout, "telegram webhook")
     assert "FAIL" in webhook and "Wrong response from the webhook: 502 Bad Gateway" in webhook
     assert "fix:" in webhook
+
+
+async def test_doctor_fails_a_webhook_registered_before_edits_and_business_messages_were_answered(
+    seller: Settings, world: FakeWorld
+) -> None:
+    # A deployment connected by an older version asked Telegram for messages only: edits
+    # and business messages would never arrive until `chatq connect telegram` runs again.
+    assert (await chatq(seller, "connect", "telegram")).returncode == 0
+    world.telegram_bot("4242:test-token").allowed_updates = ["message"]
+    doctor = await chatq(seller, "doctor")
+    assert doctor.returncode == 1
+    webhook = line(doctor.stdout, "telegram webhook")
+    assert "FAIL" in webhook and "Telegram delivers only message" in webhook
+    assert "chatq connect telegram" in webhook
+    assert (await chatq(seller, "connect", "telegram")).returncode == 0
+    assert " ok " in line((await chatq(seller, "doctor")).stdout, "telegram webhook")
 
 
 async def test_doctor_explains_an_avito_account_without_the_messenger_plan(

@@ -310,19 +310,28 @@ def _ok(result: Any, description: str | None = None) -> JSONResponse:
 
 async def _telegram_send(world: FakeWorld, token: str, params: dict[str, Any], b: str | None) -> JSONResponse:
     message_id = next(world.ids)
-    world.telegram.append({"chat_id": params["chat_id"], "text": params["text"], "message_id": message_id})
+    sent = {"chat_id": params["chat_id"], "text": params["text"], "message_id": message_id}
+    connection = params.get("business_connection_id")
+    if connection is not None:
+        sent["business_connection_id"] = connection
+    world.telegram.append(sent)
     if b == "lost":
         await asyncio.sleep(LOST_SECONDS)
     chat = params["chat_id"]
-    return _ok(
-        {
-            "message_id": message_id,
-            "from": world.telegram_bot(token).user,
-            "chat": {"id": chat, "type": "private" if isinstance(chat, int) and chat > 0 else "supergroup"},
-            "date": int(time.time()),
-            "text": params["text"],
+    message = {
+        "message_id": message_id,
+        "from": world.telegram_bot(token).user,
+        "chat": {"id": chat, "type": "private" if isinstance(chat, int) and chat > 0 else "supergroup"},
+        "date": int(time.time()),
+        "text": params["text"],
+    }
+    if connection is not None:
+        # Sent as the business account, in its chat with the customer, by this bot.
+        message |= {
+            "business_connection_id": connection,
+            "sender_business_bot": world.telegram_bot(token).user,
         }
-    )
+    return _ok(message)
 
 
 async def _telegram_get_me(

@@ -446,6 +446,7 @@ class TelegramSpec:
             "additionalProperties": False,
         }
         self._error = self._with_defs(envelope)
+        self._types: dict[str, dict[str, Any]] = {}
 
     def _with_defs(self, schema: dict[str, Any]) -> dict[str, Any]:
         return {**schema, "definitions": self._defs}
@@ -496,6 +497,23 @@ class TelegramSpec:
 
     def check_call(self, method: str, params: Mapping[str, Any]) -> list[str]:
         return _problems(self._params[method], dict(params), method)
+
+    def type_fields(self, name: str) -> list[dict[str, Any]]:
+        """The documented fields of the type ``name``, each with its description."""
+        return list(self._doc["types"][name].get("fields", []))
+
+    @property
+    def update_kinds(self) -> list[str]:
+        """Every kind of Update (message, edited_message, business_message, ...)."""
+        return _update_kinds(self._doc)
+
+    def check_type(self, name: str, value: Any) -> list[str]:
+        """What ``value`` breaks in the Bot API's type ``name`` (e.g. an Update a test
+        posts to the receiver as Telegram would)."""
+        schema = self._types.get(name)
+        if schema is None:
+            schema = self._types[name] = self._with_defs(self._named(name))
+        return _problems(schema, value, name)
 
     def check_answer(self, method: str, body: Any) -> list[str]:
         """An answer as the Bot API gives it: ``{"ok": true, "result": <what the method

@@ -41,21 +41,33 @@ ids = (
     | st.integers(10**4000, 10**4250)
     | st.text(min_size=257, max_size=20_000)
 )
+message_like = st.fixed_dictionaries(
+    {
+        "message_id": ids,
+        "date": ids,
+        "chat": st.fixed_dictionaries(
+            {"id": ids, "type": st.sampled_from(["private", "group", "channel"]) | st.text(max_size=8)}
+        ),
+    },
+    optional={
+        "text": st.text(max_size=200) | st.none(),
+        "caption": st.text(max_size=50) | st.none(),
+        "photo": json_values,
+        "from": st.fixed_dictionaries({"id": ids, "is_bot": st.booleans()}),
+        "sender_chat": json_values,
+        "edit_date": ids,
+        "business_connection_id": st.text(max_size=300) | ids,
+        "sender_business_bot": st.fixed_dictionaries({"id": ids, "is_bot": st.booleans()}) | json_values,
+    },
+)
 telegram_like = st.fixed_dictionaries(
     {"update_id": ids},
     optional={
-        "message": st.fixed_dictionaries(
-            {
-                "message_id": ids,
-                "date": ids,
-                "chat": st.fixed_dictionaries({"id": ids, "type": st.text(max_size=8)}),
-            },
-            optional={
-                "text": st.text(max_size=200) | st.none(),
-                "from": st.fixed_dictionaries({"id": ids, "is_bot": st.booleans()}),
-            },
-        ),
-        "edited_message": json_values,
+        "message": message_like,
+        "edited_message": message_like | json_values,
+        "channel_post": message_like,
+        "business_message": message_like | json_values,
+        "edited_business_message": message_like,
     },
 )
 avito_like = st.fixed_dictionaries(

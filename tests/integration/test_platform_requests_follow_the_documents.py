@@ -26,6 +26,7 @@ from services.responder.ratelimit import AccountRateLimiter
 from shared.connect import ConnectError, connect_avito, connect_telegram
 from shared.doctor import check_alerts, check_avito, check_model, check_telegram
 from shared.settings import Settings
+from tests.conftest import replace
 from tests.fakes.platforms import FakeWorld
 from tests.fakes.spec import avito_spec, telegram_spec
 from tests.support.processes import ROOT
@@ -83,6 +84,16 @@ async def drive_the_responders_adapters(world: FakeWorld, client: httpx.AsyncCli
     await telegram.send("4242", "1001", "Yes, it is available.", key="job-1")
     await telegram.send("4242", "1001", "x" * telegram.max_text, key="job-2")
     await telegram.send("4242", "-100200", "to a group", key="job-3")
+    # A business account's chat (keyed apart from the bot's own), through its connection.
+    await telegram.send(
+        "4242", "1001@biz-conn-1", "as the business", key="job-3b", business_connection_id="biz-conn-1"
+    )
+    assert world.telegram[-1] == {
+        "chat_id": 1001,
+        "text": "as the business",
+        "message_id": world.telegram[-1]["message_id"],
+        "business_connection_id": "biz-conn-1",
+    }
     world.fail("telegram.send", "403", "429:1")
     for key in ("job-4", "job-5"):
         with pytest.raises(Failure):
@@ -104,6 +115,16 @@ async def drive_the_responders_adapters(world: FakeWorld, client: httpx.AsyncCli
 
 async def drive_connect_and_doctor(world: FakeWorld, client: httpx.AsyncClient) -> None:
     settings = settings_for(world)
+    # With channels allowed, allowed_updates has the channel posts too.
+    await connect_telegram(replace(settings, telegram_chat_types="private,channel"), client, disconnect=False)
+    assert world.telegram_bot(TOKEN).allowed_updates == [
+        "message",
+        "edited_message",
+        "channel_post",
+        "edited_channel_post",
+        "business_message",
+        "edited_business_message",
+    ]
     for disconnect in (False, False, True, True):
         await connect_telegram(settings, client, disconnect=disconnect)
         await connect_avito(settings, client, disconnect=disconnect)

@@ -3,13 +3,19 @@ and short retry tiers."""
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
+
 import asyncpg
 
 from shared.settings import Settings
 from tests.conftest import ADMIN_TOKEN, GENERIC_SECRET, TELEGRAM_SECRET, replace
 from tests.fakes.platforms import FakeWorld
+from tests.fakes.spec import telegram_spec
 from tests.support.broker import wait_for
 from tests.support.payloads import telegram_update
+from tests.support.receiver import running_receiver
+from tests.support.services import running_coalescers, running_responders
 
 TG = {"X-Telegram-Bot-Api-Secret-Token": TELEGRAM_SECRET}
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
@@ -53,6 +59,15 @@ class Pipeline:
         assert r.status_code == 200
         return r.json()["operation_id"]
 
+    async def post_telegram(self, update: dict) -> dict:
+        """Post an update as Telegram would (one the Bot API documents: checked first) and
+        return the receiver's answer: operation_id, status, duplicate."""
+        problems = telegram_spec().check_type("Update", update)
+        assert problems == [], f"Telegram never sends this update: {problems}"
+        r = await self.client.post("/v1/webhooks/telegram", json=update, headers=TG)
+        assert r.status_code == 200, r.text
+        return r.json()
+
     async def status(self, operation_id: str) -> dict:
         return (await self.client.get(f"/v1/operations/{operation_id}", headers=ADMIN)).json()
 
@@ -62,3 +77,14 @@ class Pipeline:
             return doc if doc["status"] in ("replied", "failed", "needs_review", "ignored") else None
 
         return await wait_for(final, within=within, what=f"operation {operation_id} to settle")  # type: ignore[return-value]
+
+
+@contextlib.asynccontextmanager
+async def running_pipeline(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Pipeline]:
+    """Receiver, coalescer and responder running in-process on ``settings``."""
+    async with (
+        running_receiver(settings) as (_, client),
+        running_coalescers(settings),
+        running_responders(settings),
+    ):
+        yield Pipeline(client, pool)

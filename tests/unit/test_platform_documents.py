@@ -5,10 +5,12 @@ would pass for nothing.)"""
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import pytest
 
+from shared.settings import TELEGRAM_CHAT_TYPES
 from tests.fakes.spec import ReferenceMissing, avito_spec, reference_dir, telegram_spec
 
 pytestmark = pytest.mark.unit
@@ -144,3 +146,9 @@ def test_avito_answers_are_checked_against_the_documented_schemas() -> None:
 def test_the_validator_fails_loudly_when_the_reference_documents_are_missing(tmp_path: Path) -> None:
     with pytest.raises(ReferenceMissing, match=r"telegram-bot-api\.json"):
         reference_dir(tmp_path)
+
+
+def test_the_chat_types_the_settings_accept_are_the_ones_telegram_documents() -> None:
+    # CHATQ_TELEGRAM_CHAT_TYPES is checked against TELEGRAM_CHAT_TYPES: Chat.type's values.
+    (chat_type,) = (f for f in telegram_spec().type_fields("Chat") if f["name"] == "type")
+    assert tuple(re.findall(r'"(\w+)"', chat_type["description"])) == TELEGRAM_CHAT_TYPES

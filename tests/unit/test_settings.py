@@ -284,3 +284,25 @@ def test_a_previous_admin_token_is_accepted_only_beside_a_current_one_and_is_gua
             admin_token="Qm7vTz2pLw9xKc4RHs8dJ3kq0PzX5nVb",
             admin_token_previous="CHANGE-ME-admin-token",
         )
+
+
+def test_telegram_chat_types_default_to_private_chats_and_take_a_comma_separated_list() -> None:
+    assert Settings().telegram_chat_type_set == frozenset({"private"})
+    allowed = Settings(telegram_chat_types=" Group, private ,group")
+    assert allowed.telegram_chat_types == "private,group"
+    assert allowed.telegram_chat_type_set == frozenset({"private", "group"})
+
+
+@pytest.mark.parametrize("value", ["privat", "private,forum", "", " , "])
+def test_a_chat_type_telegram_does_not_document_is_refused(value: str) -> None:
+    with pytest.raises(ValidationError, match="TELEGRAM_CHAT_TYPES must list Telegram chat types"):
+        Settings(telegram_chat_types=value)
+
+
+def test_the_greeting_has_a_plain_default_and_must_fit_one_telegram_message(monkeypatch) -> None:
+    assert Settings().greeting.startswith("Hello!")
+    monkeypatch.setenv("CHATQ_GREETING", "  Hi! Ask me anything about the bike.  ")
+    assert Settings().greeting == "Hi! Ask me anything about the bike."
+    for value in ("   ", "x" * 4097):
+        with pytest.raises(ValidationError, match="GREETING must be 1-4096 characters"):
+            Settings(greeting=value)

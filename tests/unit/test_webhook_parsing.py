@@ -6,7 +6,18 @@ import pytest
 
 from services.receiver.errors import ApiError
 from services.receiver.webhooks import avito, generic, telegram
-from tests.support.payloads import avito_webhook, generic_message, telegram_update
+from shared.settings import TELEGRAM_CHAT_TYPES
+from tests.fakes.spec import telegram_spec
+from tests.support.payloads import (
+    avito_webhook,
+    bot_command,
+    generic_message,
+    telegram_business_update,
+    telegram_document,
+    telegram_edit,
+    telegram_photo,
+    telegram_update,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -37,9 +48,19 @@ def test_a_telegram_update_without_a_message_is_keyed_by_its_update_id() -> None
     ("update", "reason"),
     [
         # Factories: an update carries a date, made when the test runs, not at collection.
-        (lambda: telegram_update(1, text=None, photo=[{"file_id": "p"}]), "unsupported message type (photo)"),
+        (
+            lambda: telegram_update(1, text=None, photo=telegram_photo()),
+            "unsupported message type (photo without a caption)",
+        ),
+        (
+            lambda: telegram_update(1, text=None, sticker={"file_id": "s", "file_unique_id": "su"}),
+            "unsupported message type (sticker)",
+        ),
         (lambda: telegram_update(1, text="   "), "empty message"),
-        (lambda: {"update_id": 1, "edited_message": {}}, "update kind edited_message is not answered"),
+        (
+            lambda: {"update_id": 1, "business_connection": {"id": "biz-conn-1"}},
+            "update kind business_connection is not answered",
+        ),
         (lambda: {"update_id": 1}, "update carries no message"),
     ],
 )
@@ -103,17 +124,183 @@ def test_an_avito_event_with_an_empty_id_is_stored_without_an_event_id() -> None
     assert intake.event_id is None
 
 
-def test_connect_asks_telegram_for_exactly_the_update_kinds_the_receiver_answers() -> None:
-    # chatq connect telegram sends ANSWERED_UPDATES as setWebhook's allowed_updates: a kind
-    # the receiver would only store as ignored must not cost a delivery, and none it
-    # answers may be left out.
-    kinds = ("message", *telegram._KNOWN_KINDS)
+def sample_updates(kind: str) -> list[dict]:
+    """Updates of ``kind`` as Telegram sends them, one for each chat type the kind comes
+    from: channel posts from a channel, business messages from a business account's
+    customer, messages from a private chat, a group and a supergroup."""
+    if kind in ("channel_post", "edited_channel_post"):
+        return [telegram_update(1, kind=kind, chat_id=-100777, chat_type="channel")]
+    if kind in ("business_message", "edited_business_message"):
+        return [telegram_business_update(1, kind=kind)]
+    if kind in ("message", "edited_message"):
+        return [
+            telegram_update(1, kind=kind, chat_id=chat_id, chat_type=chat_type, from_id=42)
+            for chat_id, chat_type in ((42, "private"), (-500, "group"), (-100500, "supergroup"))
+        ]
+    return [{"update_id": 1, kind: telegram_update(1)["message"]}]
+
+
+@pytest.mark.parametrize(
+    "chat_types",
+    [
+        frozenset({"private"}),
+        frozenset({"group"}),
+        frozenset({"channel"}),
+        frozenset({"private", "supergroup", "channel"}),
+        frozenset(TELEGRAM_CHAT_TYPES),
+    ],
+)
+def test_connect_asks_telegram_for_exactly_the_update_kinds_the_receiver_answers(chat_types) -> None:
+    # chatq connect telegram sends answered_updates(CHATQ_TELEGRAM_CHAT_TYPES) as setWebhook's
+    # allowed_updates: a kind the receiver would only store as ignored must not cost a
+    # delivery, and none it answers may be left out. Every kind of Bot API 10.1 is tried.
     answered = {
         kind
-        for kind in kinds
-        if telegram.normalise(
-            {"update_id": 1, kind: telegram_update(1)["message"]}, "{}", "bot"
-        ).ignored_reason
-        is None
+        for kind in telegram_spec().update_kinds
+        for update in sample_updates(kind)
+        if telegram.normalise(update, "{}", "bot", chat_types).ignored_reason is None
     }
-    assert answered == set(telegram.ANSWERED_UPDATES)
+    assert answered == set(telegram.answered_updates(chat_types))
+
+
+def test_the_default_allowed_updates_are_messages_edits_and_business_messages() -> None:
+    assert telegram.ANSWERED_UPDATES == (
+        "message",
+        "edited_message",
+        "business_message",
+        "edited_business_message",
+    )
+    assert telegram.answered_updates(frozenset({"channel"})) == ("channel_post", "edited_channel_post")
+
+
+def test_every_telegram_update_these_tests_build_is_one_the_bot_api_documents() -> None:
+    # The builders stand in for Telegram; were they to send what Telegram never does, the
+    # tests below would prove nothing.
+    updates = [u for kind in ("message", "channel_post", "business_message") for u in sample_updates(kind)]
+    updates += [
+        telegram_update(1, text="/start", **bot_command("/start")),
+        telegram_update(1, text=None, caption="Is this one available?", photo=telegram_photo()),
+        telegram_update(1, text=None, caption="Specs?", document=telegram_document()),
+        telegram_update(1, chat_id=-100500, chat_type="group", from_id=42),
+        telegram_edit(2, message_id=1, text="Hello, do you deliver?"),
+        telegram_business_update(3, author=9009),
+        telegram_business_update(4, sender_business_bot={"id": 4242, "is_bot": True, "first_name": "Shop"}),
+    ]
+    for update in updates:
+        assert telegram_spec().check_type("Update", update) == [], update
+
+
+def test_a_photo_or_document_with_a_caption_is_answered_from_its_caption() -> None:
+    photo = telegram.normalise(
+        telegram_update(1, text=None, caption="Is this one available?", photo=telegram_photo()), "{}", "bot"
+    )
+    document = telegram.normalise(
+        telegram_update(2, text=None, caption="Do you have it in red?", document=telegram_document()),
+        "{}",
+        "bot",
+    )
+    assert (photo.ignored_reason, photo.text) == (None, "Is this one available?")
+    assert (document.ignored_reason, document.text) == (None, "Do you have it in red?")
+
+
+def test_a_command_is_stored_as_its_text_for_the_responder_to_greet() -> None:
+    intake = telegram.normalise(telegram_update(1, text="/start", **bot_command("/start")), "{}", "bot")
+    assert (intake.ignored_reason, intake.text) == (None, "/start")
+
+
+def test_a_group_message_is_ignored_with_the_reason_unless_groups_are_allowed() -> None:
+    update = telegram_update(1, chat_id=-100500, chat_type="group", from_id=42, text="Price?")
+    ignored = telegram.normalise(update, "{}", "bot")
+    assert ignored.ignored_reason == "group chats are not answered (CHATQ_TELEGRAM_CHAT_TYPES: private)"
+    allowed = telegram.normalise(update, "{}", "bot", frozenset({"private", "group"}))
+    assert (allowed.ignored_reason, allowed.chat_id, allowed.author_id) == (None, "-100500", "42")
+
+
+@pytest.mark.parametrize("chat_type", ["supergroup", "channel"])
+def test_supergroups_and_channels_are_ignored_by_default(chat_type: str) -> None:
+    update = telegram_update(1, chat_id=-100900, chat_type=chat_type)
+    assert telegram.normalise(update, "{}", "bot").ignored_reason == (
+        f"{chat_type} chats are not answered (CHATQ_TELEGRAM_CHAT_TYPES: private)"
+    )
+
+
+def test_a_channel_post_is_ignored_by_default_and_answered_where_channels_are_allowed() -> None:
+    post = telegram_update(5, kind="channel_post", chat_id=-100777, chat_type="channel", text="New stock")
+    assert telegram.normalise(post, "{}", "bot").ignored_reason == (
+        "channel chats are not answered (CHATQ_TELEGRAM_CHAT_TYPES: private)"
+    )
+    allowed = telegram.normalise(post, "{}", "bot", frozenset({"channel"}))
+    # A channel post has no sender but the channel itself.
+    assert (allowed.ignored_reason, allowed.chat_id, allowed.author_id) == (None, "-100777", "-100777")
+
+
+def test_an_edit_gets_its_own_key_and_time_and_is_left_to_the_store_to_fold_or_ignore() -> None:
+    intake = telegram.normalise(
+        telegram_edit(7, message_id=3, chat_id=5, text="Hi, do you deliver?", edit_date=1_700_000_100),
+        "{}",
+        "bot",
+    )
+    assert (intake.chat_id, intake.message_id, intake.text) == (
+        "5",
+        "3:edit:1700000100",
+        "Hi, do you deliver?",
+    )
+    assert intake.sent_at is not None and intake.sent_at.timestamp() == 1_700_000_100
+    assert intake.is_edit and intake.ignored_reason is None
+    plain = telegram.normalise(telegram_update(6, chat_id=5, message_id=3), "{}", "bot")
+    assert not plain.is_edit and plain.message_id == "3"
+
+
+def test_two_edits_of_one_message_have_two_keys() -> None:
+    first, second = (
+        telegram.normalise(telegram_edit(u, message_id=3, text=t, edit_date=d), "{}", "bot")
+        for u, t, d in ((8, "Hi!", 1_700_000_100), (9, "Hi!!", 1_700_000_160))
+    )
+    assert first.message_id != second.message_id
+
+
+def test_a_business_customers_message_is_answered_through_its_connection_in_a_chat_of_its_own() -> None:
+    intake = telegram.normalise(
+        telegram_business_update(1, connection="biz-conn-1", customer=3003), "{}", "4242"
+    )
+    assert intake.ignored_reason is None and not intake.written_by_seller
+    assert (intake.business_connection_id, intake.author_id) == ("biz-conn-1", "3003")
+    # Telegram gives the business chat the customer's id, which the bot's own chat with
+    # the same person has too (with message ids of its own): they are two chats here.
+    own = telegram.normalise(telegram_update(1, chat_id=3003), "{}", "4242")
+    assert intake.chat_id == "3003@biz-conn-1" and own.chat_id == "3003"
+    assert own.business_connection_id is None
+
+
+def test_a_business_message_the_owner_wrote_by_hand_is_the_sellers_and_is_flagged_for_takeover() -> None:
+    intake = telegram.normalise(
+        telegram_business_update(2, customer=3003, author=9009, text="I'll call you"), "{}", "bot"
+    )
+    assert intake.ignored_reason == "written by the seller"
+    assert intake.written_by_seller
+    assert (intake.chat_id, intake.message_id, intake.author_id) == ("3003@biz-conn-1", "2", "9009")
+
+
+def test_an_edit_by_the_owner_is_ignored_without_counting_as_the_seller_writing() -> None:
+    update = telegram_business_update(
+        3, customer=3003, author=9009, kind="edited_business_message", edit_date=1_700_000_000
+    )
+    intake = telegram.normalise(update, "{}", "bot")
+    assert intake.ignored_reason == "edited by the seller" and not intake.written_by_seller
+
+
+def test_a_business_message_our_bot_sent_is_our_own_echo() -> None:
+    bot = {"id": 4242, "is_bot": True, "first_name": "Shop"}
+    update = telegram_business_update(4, customer=3003, author=9009, sender_business_bot=bot)
+    intake = telegram.normalise(update, "{}", "4242")
+    assert intake.ignored_reason == "sent by the bot on the business's behalf (our own reply)"
+    assert not intake.written_by_seller
+
+
+def test_an_edited_business_message_of_the_customer_is_an_edit_in_the_business_chat() -> None:
+    update = telegram_business_update(
+        5, customer=3003, kind="edited_business_message", edit_date=1_700_000_000
+    )
+    intake = telegram.normalise(update, "{}", "bot")
+    assert intake.ignored_reason is None and intake.is_edit
+    assert (intake.chat_id, intake.message_id) == ("3003@biz-conn-1", "5:edit:1700000000")

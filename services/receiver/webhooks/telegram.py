@@ -1,6 +1,14 @@
 """Telegram Bot API webhooks: ``X-Telegram-Bot-Api-Secret-Token`` authenticates the call
 (Telegram has no body signature). A message is deduplicated by (chat.id, message_id);
-an update that carries no message by its ``update_id``."""
+an update that carries no message by its ``update_id``.
+
+What is answered: messages (text, or a photo, document, video, animation, audio or
+voice with a caption: its caption) in the chat types CHATQ_TELEGRAM_CHAT_TYPES allows
+(private chats by default; channel posts need ``channel``); a business account's
+customers' messages (Telegram Business), answered through its connection; and edits of
+those, while a reply to the chat is still pending. Everything else is stored as ignored
+with the reason: a business owner's own messages ("written by the seller"), our own
+replies echoed back, bots, other update kinds."""
 
 from __future__ import annotations
 
@@ -13,16 +21,37 @@ from ..intake import Intake, epoch_to_datetime
 
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
 
-#: The update kinds ``normalise`` answers: what ``chatq connect telegram`` asks Telegram to
-#: deliver (setWebhook's allowed_updates), so nothing else costs a delivery.
-ANSWERED_UPDATES = ("message",)
+#: The chat types answered unless CHATQ_TELEGRAM_CHAT_TYPES says otherwise.
+DEFAULT_CHAT_TYPES = frozenset({"private"})
 
-#: Update kinds that carry something; only ``message`` with text is answered.
+#: Update kinds that carry a Message the bot may answer, with the chat types their
+#: messages come from: a channel's are channel posts, and business messages come from the
+#: private chats of a business account connected to the bot (Telegram Business).
+_MESSAGE_KINDS = {
+    "message": frozenset({"private", "group", "supergroup"}),
+    "edited_message": frozenset({"private", "group", "supergroup"}),
+    "channel_post": frozenset({"channel"}),
+    "edited_channel_post": frozenset({"channel"}),
+    "business_message": frozenset({"private"}),
+    "edited_business_message": frozenset({"private"}),
+}
+_BUSINESS_KINDS = ("business_message", "edited_business_message")
+
+
+def answered_updates(chat_types: frozenset[str] = DEFAULT_CHAT_TYPES) -> tuple[str, ...]:
+    """The update kinds ``normalise`` answers with these chat types: what ``chatq connect
+    telegram`` asks Telegram to deliver (setWebhook's allowed_updates), so nothing else
+    costs a delivery."""
+    return tuple(kind for kind, types in _MESSAGE_KINDS.items() if types & chat_types)
+
+
+#: ``answered_updates`` with the default chat types (private chats only).
+ANSWERED_UPDATES = answered_updates()
+
+#: Update kinds that carry no message the bot answers, named in the ignored reason.
 _KNOWN_KINDS = (
-    "edited_message",
-    "channel_post",
-    "edited_channel_post",
-    "business_message",
+    "business_connection",
+    "deleted_business_messages",
     "callback_query",
     "inline_query",
     "my_chat_member",
@@ -34,6 +63,8 @@ _KNOWN_KINDS = (
     "pre_checkout_query",
     "shipping_query",
 )
+#: Media whose caption is answered as the message's text.
+_CAPTIONED_KINDS = ("photo", "document", "video", "animation", "audio", "voice")
 _MEDIA_KINDS = (
     "photo",
     "sticker",
@@ -49,6 +80,8 @@ _MEDIA_KINDS = (
     "dice",
     "venue",
 )
+
+WRITTEN_BY_SELLER = "written by the seller"
 
 
 class _Model(BaseModel):
@@ -70,12 +103,22 @@ class TelegramMessage(_Model):
     date: int
     chat: TelegramChat
     from_: TelegramUser | None = Field(default=None, alias="from")
+    sender_chat: TelegramChat | None = None
     text: str | None = None
+    caption: str | None = None
+    edit_date: int | None = None
+    business_connection_id: str | None = None
+    sender_business_bot: TelegramUser | None = None
 
 
 class TelegramUpdate(_Model):
     update_id: int
     message: TelegramMessage | None = None
+    edited_message: TelegramMessage | None = None
+    channel_post: TelegramMessage | None = None
+    edited_channel_post: TelegramMessage | None = None
+    business_message: TelegramMessage | None = None
+    edited_business_message: TelegramMessage | None = None
 
 
 def authenticate(expected: str | None, presented: str | None) -> None:
@@ -89,38 +132,99 @@ def authenticate(expected: str | None, presented: str | None) -> None:
         raise ApiError(401, "bad_secret_token", "missing or wrong X-Telegram-Bot-Api-Secret-Token")
 
 
-def normalise(data: object, raw: str, account_id: str) -> Intake:
+def normalise(
+    data: object, raw: str, account_id: str, chat_types: frozenset[str] = DEFAULT_CHAT_TYPES
+) -> Intake:
     try:
         update = TelegramUpdate.model_validate(data)
     except ValidationError as exc:
         raise ApiError(422, "invalid_payload", "not a Telegram Update", details=_errors(exc)) from None
-    message = update.message
-    if message is None:
-        kind = next((k for k in _KNOWN_KINDS if k in (data if isinstance(data, dict) else {})), None)
-        reason = f"update kind {kind} is not answered" if kind else "update carries no message"
+    kind, message = next(
+        ((k, m) for k in _MESSAGE_KINDS if (m := getattr(update, k)) is not None), (None, None)
+    )
+    if kind is None or message is None:
+        known = next((k for k in _KNOWN_KINDS if k in (data if isinstance(data, dict) else {})), None)
+        reason = f"update kind {known} is not answered" if known else "update carries no message"
         return Intake(
             "telegram", account_id, str(update.update_id), None, None, None, None, None, raw, reason
         )
+    edit = kind.startswith("edited_")
+    business = kind in _BUSINESS_KINDS
+    connection = (message.business_connection_id or None) if business else None
     chat_id = str(message.chat.id)
+    if connection is not None:
+        # A business account's chat is not the bot's own chat with the same person, though
+        # Telegram gives both the same id (and message ids of their own): keyed apart.
+        chat_id = f"{chat_id}@{connection}"
     message_id = str(message.message_id)
-    author = message.from_
-    author_id = str(author.id) if author else None
     sent_at = epoch_to_datetime(message.date)
-    reason = None
-    if author is not None and author.is_bot:
-        reason = "message from a bot"
-    elif message.text is None:
-        extra = message.model_extra or {}
-        kind = next((k for k in _MEDIA_KINDS if k in extra), "non-text")
-        reason = f"unsupported message type ({kind})"
-    elif not message.text.strip():
-        reason = "empty message"
+    if edit:
+        # Its own key, so an edit never collides with the message it changes (or another
+        # edit of it); it is answered only with a reply still pending (``intake.store``).
+        edited = message.edit_date if message.edit_date is not None else f"u{update.update_id}"
+        message_id = f"{message_id}:edit:{edited}"
+        sent_at = epoch_to_datetime(message.edit_date) or sent_at
+    author = message.from_
+    author_id = str(author.id) if author else (str(message.sender_chat.id) if message.sender_chat else None)
+    text = message.text
+    if text is None and message.caption is not None and any(k in _extra(message) for k in _CAPTIONED_KINDS):
+        text = message.caption
+    ignored = _ignored(message, text, chat_types, business=business, connection=connection, edit=edit)
     # A message is deduplicated by (chat, message id) alone, never by update_id: Telegram
     # may hand out update_ids again after a week without updates, and a repeated update_id
     # must never drop a different message.
     return Intake(
-        "telegram", account_id, None, chat_id, message_id, author_id, message.text, sent_at, raw, reason
+        "telegram",
+        account_id,
+        None,
+        chat_id,
+        message_id,
+        author_id,
+        text,
+        sent_at,
+        raw,
+        ignored,
+        business_connection_id=connection,
+        is_edit=edit,
+        written_by_seller=ignored == WRITTEN_BY_SELLER,
     )
+
+
+def _ignored(
+    message: TelegramMessage,
+    text: str | None,
+    chat_types: frozenset[str],
+    *,
+    business: bool,
+    connection: str | None,
+    edit: bool,
+) -> str | None:
+    """Why the bot does not answer this message, or None when it does."""
+    author = message.from_
+    if message.chat.type not in chat_types:
+        allowed = ", ".join(sorted(chat_types))
+        return f"{message.chat.type} chats are not answered (CHATQ_TELEGRAM_CHAT_TYPES: {allowed})"
+    if business and connection is None:
+        return "business message without a business_connection_id: no way to answer it"
+    if business and message.sender_business_bot is not None:
+        return "sent by the bot on the business's behalf (our own reply)"
+    if business and author is not None and author.id != message.chat.id:
+        # In a business chat the customer is the chat: anyone else writing by hand is the
+        # business account's owner, a person taking over.
+        return "edited by the seller" if edit else WRITTEN_BY_SELLER
+    if author is not None and author.is_bot:
+        return "message from a bot"
+    if text is None:
+        media = next((k for k in _MEDIA_KINDS if k in _extra(message)), "non-text")
+        bare = " without a caption" if media in _CAPTIONED_KINDS else ""
+        return f"unsupported message type ({media}{bare})"
+    if not text.strip():
+        return "empty message"
+    return None
+
+
+def _extra(message: TelegramMessage) -> dict[str, object]:
+    return message.model_extra or {}
 
 
 def _errors(exc: ValidationError) -> list[dict[str, object]]:

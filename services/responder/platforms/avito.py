@@ -176,7 +176,9 @@ class AvitoPlatform:
             stale = token
         return response
 
-    async def send(self, account_id: str, chat_id: str, text: str, *, key: str) -> Sent:
+    async def send(
+        self, account_id: str, chat_id: str, text: str, *, key: str, business_connection_id: str | None = None
+    ) -> Sent:
         url = f"{self._base}/messenger/v1/accounts/{account_id}/chats/{chat_id}/messages"
         response = await self._authorized(
             account_id, "POST", url, json={"message": {"text": text}, "type": "text"}

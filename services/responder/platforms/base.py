@@ -63,8 +63,12 @@ class Platform(Protocol):
     #: ``find_sent`` can tell whether a reply whose answer was lost went out.
     can_reconcile: bool
 
-    async def send(self, account_id: str, chat_id: str, text: str, *, key: str) -> Sent:
-        """Send one reply; raise ``Failure`` when it did not (or may not have) gone out."""
+    async def send(
+        self, account_id: str, chat_id: str, text: str, *, key: str, business_connection_id: str | None = None
+    ) -> Sent:
+        """Send one reply; raise ``Failure`` when it did not (or may not have) gone out.
+        ``business_connection_id``: Telegram Business, the connection to answer through
+        (as the business account); other platforms have none and ignore it."""
         ...
 
     async def probe(self, account_id: str) -> None:

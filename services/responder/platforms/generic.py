@@ -28,7 +28,9 @@ class GenericPlatform:
         self._client = client
         self._limiter = limiter
 
-    async def send(self, account_id: str, chat_id: str, text: str, *, key: str) -> Sent:
+    async def send(
+        self, account_id: str, chat_id: str, text: str, *, key: str, business_connection_id: str | None = None
+    ) -> Sent:
         body = json.dumps(
             {"account_id": account_id, "chat_id": chat_id, "text": text, "reply_id": key}, ensure_ascii=False
         )

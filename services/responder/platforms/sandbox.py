@@ -20,7 +20,9 @@ class SandboxPlatform:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def send(self, account_id: str, chat_id: str, text: str, *, key: str) -> Sent:
+    async def send(
+        self, account_id: str, chat_id: str, text: str, *, key: str, business_connection_id: str | None = None
+    ) -> Sent:
         try:
             row_id = await self._pool.fetchval(
                 """

@@ -27,15 +27,15 @@ class TelegramPlatform:
         self._client = client
         self._limiter = limiter
 
-    async def send(self, account_id: str, chat_id: str, text: str, *, key: str) -> Sent:
+    async def send(
+        self, account_id: str, chat_id: str, text: str, *, key: str, business_connection_id: str | None = None
+    ) -> Sent:
+        params: dict[str, object] = {"chat_id": _chat(chat_id), "text": text}
+        if business_connection_id is not None:
+            # Telegram Business: sent as the business account, in its chat with the customer.
+            params["business_connection_id"] = business_connection_id
         response = await call(
-            self._client,
-            self._limiter,
-            self.name,
-            account_id,
-            "POST",
-            self._url,
-            json={"chat_id": _chat(chat_id), "text": text},
+            self._client, self._limiter, self.name, account_id, "POST", self._url, json=params
         )
         try:
             body = response.json()
@@ -91,6 +91,9 @@ class TelegramPlatform:
 
 
 def _chat(chat_id: str) -> int | str:
+    """Telegram's chat id for ours: a business chat's (``<chat id>@<connection>``, kept
+    apart from the bot's own chat with the same person) is the part before the ``@``."""
+    chat_id = chat_id.partition("@")[0] or chat_id
     return int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
 
 
