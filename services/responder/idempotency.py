@@ -23,6 +23,7 @@ import asyncpg
 
 from shared import metrics
 from shared.broker.consumer import Reject
+from shared.db import Conn, one
 from shared.messages import JobCaps
 from shared.messages import chat_key as make_chat_key
 from shared.state import account as account_state
@@ -189,9 +190,7 @@ class JobSession:
     statement (the functions of shared/functions/30_jobs.sql), so one round trip and one
     transaction: a reply costs three (claim, before send, record sent)."""
 
-    def __init__(
-        self, conn: asyncpg.Connection, job_id: uuid.UUID, history: int, caps: JobCaps | None = None
-    ) -> None:
+    def __init__(self, conn: Conn, job_id: uuid.UUID, history: int, caps: JobCaps | None = None) -> None:
         self._conn = conn
         self._lock_key = lock_key(job_id)
         self._history = history
@@ -283,12 +282,14 @@ class JobSession:
         return replace(job, messages=tuple(_message(r) for r in rows))
 
     async def record_sent(self, job: Job, text: str, platform_message_id: str) -> datetime:
-        row = await self._conn.fetchrow(
-            "SELECT * FROM chatq_record_sent($1, $2, $3, $4)",
-            job.job_id,
-            text,
-            platform_message_id,
-            self._lock_key,
+        row = one(
+            await self._conn.fetchrow(
+                "SELECT * FROM chatq_record_sent($1, $2, $3, $4)",
+                job.job_id,
+                text,
+                platform_message_id,
+                self._lock_key,
+            )
         )
         self._locked = False
         sent_at: datetime = row["sent_at"]

@@ -38,7 +38,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiormq
@@ -114,7 +114,7 @@ def classify(exc: BaseException | None) -> Outcome:
     return Outcome.REQUEUE
 
 
-def last_delivery(headers: dict[str, object] | None, delivery_limit: int | None) -> bool:
+def last_delivery(headers: Mapping[str, object] | None, delivery_limit: int | None) -> bool:
     """Whether a requeue now would make the broker dead-letter the message (its quorum
     queue has seen ``delivery_limit`` unsuccessful deliveries). Pure; unit-tested."""
     return delivery_limit is not None and delivery_count_of(headers) >= delivery_limit
