@@ -214,10 +214,16 @@ class JobSession:
 
     async def claim(self, job_id: uuid.UUID, attempt: int) -> Job | Skip | Reconcile:
         self._locked = None
-        row = await self._conn.fetchrow(
-            "SELECT * FROM chatq_claim($1, $2, $3, $4)", job_id, attempt, self._lock_key, self._history
+        # One composite value (chatq_claim_result), its fields and its rows read by name.
+        row = one(
+            await self._conn.fetchrow(
+                "SELECT * FROM chatq_claim_job($1, $2, $3, $4)",
+                job_id,
+                attempt,
+                self._lock_key,
+                self._history,
+            )
         )
-        assert row is not None
         self._locked = row["outcome"] != "busy"
         if row["outcome"] == "busy":
             raise JobBusy(f"job {job_id} is being handled by another consumer")
@@ -225,38 +231,20 @@ class JobSession:
             raise Reject(f"job {job_id} is not in the database")
         if row["outcome"] == "skip":
             return Skip(row["reason"])
-        messages = tuple(
-            Message(*m)
-            for m in zip(
-                row["operation_ids"] or (),
-                row["message_ids"] or (),
-                row["texts"] or (),
-                row["sent_ats"] or (),
-                row["received_ats"] or (),
-                strict=True,
-            )
-        )
-        history = tuple(
-            Turn(role, text)
-            for role, text in zip(row["history_roles"] or (), row["history_texts"] or (), strict=True)
-        )
         job = Job(
             job_id,
             row["platform"],
             row["account_id"],
             row["chat_id"],
-            messages,
-            history,
+            tuple(_message(m) for m in row["messages"] or ()),
+            tuple(Turn(t["role"], t["text"]) for t in row["history"] or ()),
             row["account_paused"],
             row["business_connection_id"],
         )
         if row["outcome"] == "reconcile":
+            delivery = row["delivery"]
             return Reconcile(
-                job,
-                row["delivery_text"],
-                row["delivery_started_at"],
-                row["delivery_status"],
-                row["delivery_maybe_since"],
+                job, delivery["text"], delivery["started_at"], delivery["status"], delivery["maybe_since"]
             )
         return job
 
