@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.answered import MARK_ANSWERED
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 from shared.messages import InboundMessage, chat_key
+from shared.metrics import RETRIES
 from shared.outbox import OutboxMessage, enqueue_many
 from shared.state import account as account_state
 from shared.state import operation as operation_state
@@ -233,6 +234,8 @@ async def retry_operation(
                 for r in retried
             ],
         )
+    # A person's retry is one of the day's Retries too (chatq_retries_total{reason="person"}).
+    RETRIES.labels(reason="person").inc(len(ids))
     runtime = request.app.state.runtime
     if runtime.relay is not None:
         runtime.relay.notify()
