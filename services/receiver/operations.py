@@ -462,12 +462,15 @@ async def timeline(pool: asyncpg.Pool, operation_id: uuid.UUID) -> list[dict[str
         "SELECT at, kind, actor, detail, job_id FROM operation_events WHERE operation_id = $1 ORDER BY id",
         operation_id,
     )
+    # A give-up is decided by the service; its actor is the person it is handed to.
+    handed = ("failed", "needs_review")
     return [
         {
             "at": _iso(r["at"]),
             "kind": r["kind"],
             "event": r["detail"] or EVENT_WORDS.get(r["kind"], r["kind"]),
-            "by": r["actor"],
+            "by": None if r["kind"] in handed else r["actor"],
+            "for": r["actor"] if r["kind"] in handed else None,
             "job_id": str(r["job_id"]) if r["job_id"] else None,
         }
         for r in rows
