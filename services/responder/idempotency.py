@@ -119,7 +119,7 @@ class JobStore:
         self._caps = caps or JobCaps()
 
     @contextlib.asynccontextmanager
-    async def exclusive(self, job_id: uuid.UUID) -> AsyncIterator[JobSession]:
+    async def exclusive(self, job_id: uuid.UUID) -> AsyncIterator[PgJobSession]:
         """One connection for the whole handling of a job, which does all of its work (a
         connection per job, not per statement). The claim takes the job's session
         advisory lock on it, held across the platform call: a redelivered copy (the
@@ -129,14 +129,14 @@ class JobStore:
         with its connection, and a connection whose unlock did not complete is closed
         rather than pooled with the lock still held."""
         async with self._pool.acquire() as conn:
-            session = JobSession(conn, job_id, self._history, self._caps)
+            session = PgJobSession(conn, job_id, self._history, self._caps)
             try:
                 yield session
             finally:
                 await session.release()
 
     async def give_up(self, job_id: uuid.UUID, kind: str, reason: str, owner: str) -> Settled:
-        """``JobSession.give_up`` on a connection of its own (the consumer's hooks)."""
+        """``PgJobSession.give_up`` on a connection of its own (the consumer's hooks)."""
         async with self.exclusive(job_id) as session:
             return await session.give_up(job_id, kind, reason, owner)
 
@@ -185,7 +185,7 @@ class JobStore:
 PROBE_LOCK_KEY = 0x63686174_70726F62  # "chatprob"
 
 
-class JobSession:
+class PgJobSession:
     """The job's state changes, on the connection that holds the job. Each is one
     statement (the functions of shared/functions/30_jobs.sql), so one round trip and one
     transaction: a reply costs three (claim, before send, record sent)."""
