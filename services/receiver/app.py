@@ -16,8 +16,8 @@ from typing import Any
 import asyncpg
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
-from prometheus_client import make_asgi_app
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from shared import metrics
 from shared.broker.connection import BrokerConnection
@@ -130,7 +130,13 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
     for router in routers:
         app.include_router(router)
     if admin:
-        app.mount("/metrics", make_asgi_app())
+        # A route, not a mounted app: `curl :8080/metrics` answers with the metrics, not
+        # a 307 to /metrics/ (which answers too, for scrapers configured with it).
+        async def prometheus_metrics() -> Response:
+            return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+        for path in ("/metrics", "/metrics/"):
+            app.add_api_route(path, prometheus_metrics, methods=["GET"], include_in_schema=False)
     return app
 
 
