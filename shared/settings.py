@@ -216,9 +216,19 @@ class Settings(BaseSettings):
         if v is None:
             return v
         raw = v.get_secret_value()
-        if not (1 <= len(raw) <= 256) or not all(c.isascii() and (c.isalnum() or c in "_-") for c in raw):
-            raise ValueError("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ -")
-        return v
+        outside = sum(1 for c in raw if not (c.isascii() and (c.isalnum() or c in "_-")))
+        if 1 <= len(raw) <= 256 and not outside:
+            return v
+        # The value itself is never echoed: it is a secret.
+        what = (
+            f"it has {len(raw)} characters"
+            if outside == 0
+            else f"{outside} of its characters are not allowed"
+        )
+        raise ValueError(
+            "CHATQ_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ - (Telegram's rule "
+            f"for setWebhook's secret_token); {what}. {GENERATE_HINT}"
+        )
 
     @field_validator("telegram_chat_types")
     @classmethod

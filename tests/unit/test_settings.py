@@ -34,8 +34,21 @@ def test_production_refuses_short_secrets() -> None:
 
 
 def test_a_telegram_secret_outside_telegrams_alphabet_is_refused() -> None:
-    with pytest.raises(ValidationError, match="A-Z a-z 0-9"):
-        Settings(telegram_webhook_secret="has spaces")
+    with pytest.raises(ValidationError, match="A-Z a-z 0-9") as refused:
+        Settings(telegram_webhook_secret="has two spaces")
+    assert "2 of its characters are not allowed" in str(refused.value)
+    assert "has two spaces" not in str(refused.value)
+    with pytest.raises(ValidationError, match="3 of its characters"):
+        Settings(telegram_webhook_secret="base64+with/slash=")
+    with pytest.raises(ValidationError, match="it has 257 characters"):
+        Settings(telegram_webhook_secret="a" * 257)
+    with pytest.raises(ValidationError, match="it has 0 characters"):
+        Settings(telegram_webhook_secret="")
+
+
+def test_a_telegram_secret_of_telegrams_alphabet_is_taken() -> None:
+    for secret in ("a", "A-z_0-9", "x" * 256, "k3Jq9vXw2LmP8rTz-_Qa"):
+        assert Settings(telegram_webhook_secret=secret).telegram_webhook_secret.get_secret_value() == secret
 
 
 def test_reply_delays_must_be_an_interval() -> None:
