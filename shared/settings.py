@@ -171,7 +171,7 @@ class Settings(BaseSettings):
     # Operations
     admin_token: SecretStr | None = None
     # During a rotation, the token being replaced: accepted beside ADMIN_TOKEN until every
-    # client has the new one, then unset (README "Rotating secrets").
+    # client has the new one, then unset (docs/deploying.md "Rotating secrets").
     admin_token_previous: SecretStr | None = None
     # Where the chatq CLI finds the admin API; unset: this machine's ADMIN_PORT, else HTTP_PORT.
     admin_url: str | None = None
@@ -376,7 +376,7 @@ class Settings(BaseSettings):
 
     def worst_case_job_seconds(self) -> float:
         """The longest one reply job can run once a responder took it, so the shortest
-        SHUTDOWN_GRACE_SECONDS that never cuts a send mid-flight (README "Grace periods"):
+        SHUTDOWN_GRACE_SECONDS that never cuts a send mid-flight (docs/deploying.md "Grace periods"):
         the first generation and FOLD_MAX_ROUNDS regenerations at LLM_TIMEOUT_SECONDS
         each, the wait for a send slot (RESPONDER_CONCURRENCY sends ahead of it at
         PLATFORM_RATE_PER_SECOND), the send at PLATFORM_TIMEOUT_SECONDS, and

@@ -120,7 +120,7 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
         redoc_url=None,
         openapi_url="/openapi.json" if admin else None,
     )
-    # The current token, and during a rotation the previous one (README "Rotating secrets").
+    # The current token, and during a rotation the previous one (docs/deploying.md "Rotating secrets").
     app.state.admin_tokens = [
         t for t in (_secret(settings.admin_token), _secret(settings.admin_token_previous)) if t
     ]

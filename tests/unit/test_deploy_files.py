@@ -256,7 +256,7 @@ def test_every_deployment_has_probes_limits_a_budget_and_a_grace_period_that_cov
         d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("chatqueue-config")
     )
     assert set(config["data"]) <= SETTINGS_ENV, set(config["data"]) - SETTINGS_ENV
-    # README "Grace periods": drain >= the longest job, from the overlay's own values;
+    # docs/deploying.md "Grace periods": drain >= the longest job, from the overlay's own values;
     # terminationGracePeriodSeconds >= preStop + drain + closing.
     drain = float(config["data"]["CHATQ_SHUTDOWN_GRACE_SECONDS"])
     worst = tuning(config["data"]).worst_case_job_seconds()
@@ -572,7 +572,7 @@ def test_the_prod_secret_is_one_documented_instruction_whose_keys_pass_the_produ
 
 
 def test_at_maximum_scale_every_connection_fits_in_the_documented_postgres_max_connections() -> None:
-    """README "Connections": each process's pool at its maximum, at KEDA's maximum replicas
+    """docs/deploying.md "Connections": each process's pool at its maximum, at KEDA's maximum replicas
     plus the one pod a rollout adds, plus the init containers of the surging pods, a
     person's sessions and Postgres' superuser reserve."""
     docs = kustomize(OVERLAYS[1])

@@ -1,5 +1,5 @@
 """Upgrades without downtime: during a rollout the previous release's pods run against
-the new schema (README "Upgrades without downtime"), so a migration must keep working for
+the new schema (docs/deploying.md "Upgrades without downtime"), so a migration must keep working for
 the code one release back. Statements that break it - dropping or renaming a table or
 column, changing a column's type, adding NOT NULL, emptying a table - need a marker
 comment in the same statement saying why it is safe now (typically: the previous
