@@ -19,7 +19,7 @@ README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
 PAGES = [README, *DOCS]
 
-FENCE = re.compile(r"^```.*?^```", re.M | re.S)
+FENCE = re.compile(r"^ *```.*?^ *```", re.M | re.S)
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 METRIC_DEFINITION = re.compile(r"\b(?:Counter|Gauge|Histogram|Summary)\(\s*\"(chatq_[a-z0-9_]+)\"", re.S)
 SQL_FUNCTION = re.compile(r"FUNCTION\s+(?:public\.)?(chatq_[a-z0-9_]+)", re.I)
