@@ -531,15 +531,15 @@ def test_the_prod_secret_is_one_documented_instruction_whose_keys_pass_the_produ
         "--from-env-file=deploy/k8s/overlays/prod/secrets.env"
     )
     kustomization = (DEPLOY / "k8s" / "overlays" / "prod" / "kustomization.yaml").read_text()
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "deploying.md").read_text()
     for where, text in [
         ("overlay", kustomization),
         ("example", PROD_SECRETS.read_text()),
-        ("README", readme),
+        ("docs/deploying.md", readme),
     ]:
         assert instruction in text, f"the {where} does not give the one instruction"
     assert "secret generic chatqueue-secrets --from-env-file=" not in readme.replace(instruction, ""), (
-        "the README names another file"
+        "docs/deploying.md names another file"
     )
     required, named = secret_keys(PROD_SECRETS)
     assert set(required) == {
@@ -592,10 +592,12 @@ def test_at_maximum_scale_every_connection_fits_in_the_documented_postgres_max_c
         needed += pods * config.database_connections(name.removeprefix("chatqueue-"))
         needed += dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"]  # its init container
     needed += PERSON_SESSIONS + SUPERUSER_RESERVED
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "deploying.md").read_text()
     documented = int(re.search(r"`max_connections` of at least (\d+)", readme).group(1))
-    assert needed <= documented, f"{needed} connections at maximum scale, the README asks for {documented}"
-    assert f"= {needed}" in readme, "the README shows the same arithmetic"
+    assert needed <= documented, (
+        f"{needed} connections at maximum scale, docs/deploying.md asks for {documented}"
+    )
+    assert f"= {needed}" in readme, "docs/deploying.md shows the same arithmetic"
     # compose: one process of each, the one-shot migration, within its Postgres' setting.
     command = compose()["services"]["postgres"]["command"]
     limit = int(next(c.split("=")[1] for c in command if c.startswith("max_connections=")))

@@ -100,4 +100,4 @@ def test_the_rule_starts_after_the_last_migration_released_before_it() -> None:
     versions = [m.version for m in load_migrations()]
     assert LAST_BEFORE_THE_RULE in versions
     assert (MIGRATIONS_DIR / "0009_accounts.sql").exists()
-    assert "chatq:destructive" in (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "chatq:destructive" in (Path(__file__).resolve().parents[2] / "docs" / "deploying.md").read_text()
