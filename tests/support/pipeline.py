@@ -30,6 +30,7 @@ def pipeline_settings(settings: Settings, world: FakeWorld, **overrides: object)
         "coalescer_poll_seconds": 0.1,
         "relay_poll_seconds": 0.1,
         "metrics_port": 0,
+        "avito_poll_seconds": 0,
         "telegram_api_base": world.url,
         "avito_client_id": "client-1",
         "avito_client_secret": "client-secret",
