@@ -102,6 +102,7 @@ def create_known_series(service: str, platforms: Iterable[str] = ()) -> None:
                 WEBHOOKS.labels(platform=platform, outcome=outcome)
         WEBHOOKS.labels(platform="avito", outcome="no_payload")
         RECOVERED_MESSAGES.labels(platform="avito")
+        RETRIES.labels(reason="person")
     elif service == "coalescer":
         OPERATIONS.labels(outcome="failed")
         DEAD_LETTERS.labels(queue="chatq.coalescer.dead")
