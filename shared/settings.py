@@ -124,6 +124,9 @@ class Settings(BaseSettings):
     avito_client_secret: SecretStr | None = None
     avito_webhook_secret: SecretStr | None = None
     avito_api_base: str = "https://api.avito.ru"
+    # How often one receiver replica reads the Avito accounts' unread chats for buyer
+    # messages whose webhook never came (0: never; also once at start-up).
+    avito_poll_seconds: float = Field(default=60.0, ge=0)
     generic_webhook_secret: SecretStr | None = None
     generic_reply_url: str | None = None
     generic_reply_secret: SecretStr | None = None

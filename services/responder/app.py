@@ -25,6 +25,7 @@ from shared.settings import Settings
 
 from .handler import Responder
 from .idempotency import JobStore
+from .listings import Listings
 from .llm import FactsWriter, OpenAIWriter, ReplyWriter, facts_text
 from .platforms.avito import AvitoPlatform, AvitoToken
 from .platforms.base import Platform
@@ -112,6 +113,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         review_owner=settings.review_owner,
         account_probe_seconds=settings.account_probe_seconds,
         greeting=settings.greeting,
+        listings=Listings(pool, platforms),
     )
     consumer = Consumer(
         consume_broker,
