@@ -14,11 +14,14 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import httpx
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
-from prometheus_client import make_asgi_app
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.responder.platforms.avito import AvitoPlatform, AvitoToken
+from services.responder.ratelimit import AccountRateLimiter
 from shared import metrics
 from shared.broker.connection import BrokerConnection
 from shared.broker.topology import INBOUND_EXCHANGE
@@ -34,6 +37,7 @@ from .errors import ApiError, install_error_handlers
 from .intake import Intake, Stored, parse_json, store
 from .limits import BodySizeLimit
 from .openapi import json_body
+from .recovery import AvitoRecovery
 from .webhooks import avito, generic, telegram
 
 logger = logging.getLogger(__name__)
@@ -46,6 +50,8 @@ class Runtime:
     pool: asyncpg.Pool
     broker: BrokerConnection
     relay: Relay | None
+    #: The Avito poller (AVITO_POLL_SECONDS); None when off.
+    recovery: AvitoRecovery | None = None
 
 
 async def _refresh_backlog_gauges(pool: asyncpg.Pool) -> None:
@@ -94,6 +100,11 @@ class ReceiverApps:
             parts.run("outbox-relay", relay.run(), stop=relay.stop, wait=10)
         parts.every(10, "backlog gauges", lambda: _refresh_backlog_gauges(pool))
         runtime = Runtime(pool, broker, relay)
+        if settings.avito_poll_seconds > 0 and settings.avito_client_id and settings.avito_client_secret:
+            http, runtime.recovery = _avito_recovery(settings, pool, relay)
+            parts.closing("Avito poll client", http)
+            # The first round runs now: what arrived while the service was down.
+            parts.every(settings.avito_poll_seconds, "Avito poll", runtime.recovery.poll)
         for app, _ in self.listeners:
             app.state.pool = runtime.pool
             app.state.runtime = runtime
@@ -131,7 +142,7 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
         redoc_url=None,
         openapi_url="/openapi.json" if admin else None,
     )
-    # The current token, and during a rotation the previous one (README "Rotating secrets").
+    # The current token, and during a rotation the previous one (docs/deploying.md "Rotating secrets").
     app.state.admin_tokens = [
         t for t in (_secret(settings.admin_token), _secret(settings.admin_token_previous)) if t
     ]
@@ -141,7 +152,13 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
     for router in routers:
         app.include_router(router)
     if admin:
-        app.mount("/metrics", make_asgi_app())
+        # A route, not a mounted app: `curl :8080/metrics` answers with the metrics, not
+        # a 307 to /metrics/ (which answers too, for scrapers configured with it).
+        async def prometheus_metrics() -> Response:
+            return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+        for path in ("/metrics", "/metrics/"):
+            app.add_api_route(path, prometheus_metrics, methods=["GET"], include_in_schema=False)
     return app
 
 
@@ -267,6 +284,35 @@ async def run(settings: Settings, stop: asyncio.Event) -> int:
             parts.run(f"http-{server.config.port}", server.serve(), stop=stop_serving, wait=None)
 
     return await serve("receiver", settings, stop, declare)
+
+
+def _avito_recovery(
+    settings: Settings, pool: asyncpg.Pool, relay: Relay | None
+) -> tuple[httpx.AsyncClient, AvitoRecovery]:
+    """The Avito poller, on the responder's Avito client (the token shared in Postgres)."""
+    assert settings.avito_client_id and settings.avito_client_secret is not None
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(
+            settings.platform_timeout_seconds, connect=min(5.0, settings.platform_timeout_seconds)
+        )
+    )
+    token = AvitoToken(
+        settings.avito_api_base,
+        settings.avito_client_id,
+        settings.avito_client_secret.get_secret_value(),
+        http,
+        pool,
+    )
+    api = AvitoPlatform(
+        settings.avito_api_base, token, http, AccountRateLimiter(settings.platform_rate_per_second)
+    )
+    recovery = AvitoRecovery(
+        pool,
+        api,
+        hold_seconds=settings.takeover_seconds,
+        notify=relay.notify if relay is not None else (lambda: None),
+    )
+    return http, recovery
 
 
 def _secret(value: Any) -> str | None:

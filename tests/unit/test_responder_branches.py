@@ -15,7 +15,7 @@ import pytest
 from services.responder.failures import Failure, Kind
 from services.responder.handler import Responder
 from services.responder.llm import Turn
-from services.responder.platforms.base import Sent, SentQuery
+from services.responder.platforms.base import Listing, Sent, SentQuery
 from shared.alerts import Alerter
 from shared.broker.consumer import RetryLater
 from shared.messages import JobMessage, ReplyJob
@@ -65,7 +65,9 @@ class Writer:
         self.batches: list[list[str]] = []
         self.before: list[Any] = []
 
-    async def write(self, history: Sequence[Turn], batch: Sequence[str]) -> str:
+    async def write(
+        self, history: Sequence[Turn], batch: Sequence[str], listing: Listing | None = None
+    ) -> str:
         if self.before:
             self.before.pop(0)()
         self.batches.append(list(batch))
