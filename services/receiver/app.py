@@ -18,8 +18,8 @@ import asyncpg
 import httpx
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
-from prometheus_client import make_asgi_app
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
 from services.responder.platforms.avito import AvitoPlatform, AvitoToken
 from services.responder.ratelimit import AccountRateLimiter
@@ -129,7 +129,7 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
         redoc_url=None,
         openapi_url="/openapi.json" if admin else None,
     )
-    # The current token, and during a rotation the previous one (README "Rotating secrets").
+    # The current token, and during a rotation the previous one (docs/deploying.md "Rotating secrets").
     app.state.admin_tokens = [
         t for t in (_secret(settings.admin_token), _secret(settings.admin_token_previous)) if t
     ]
@@ -139,7 +139,13 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
     for router in routers:
         app.include_router(router)
     if admin:
-        app.mount("/metrics", make_asgi_app())
+        # A route, not a mounted app: `curl :8080/metrics` answers with the metrics, not
+        # a 307 to /metrics/ (which answers too, for scrapers configured with it).
+        async def prometheus_metrics() -> Response:
+            return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+        for path in ("/metrics", "/metrics/"):
+            app.add_api_route(path, prometheus_metrics, methods=["GET"], include_in_schema=False)
     return app
 
 
