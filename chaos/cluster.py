@@ -235,7 +235,9 @@ class LocalCluster:
                 continue
             try:
                 r = httpx.get(
-                    f"http://127.0.0.1:{node.management_port}/api{path}", auth=(USER, PASSWORD), timeout=timeout
+                    f"http://127.0.0.1:{node.management_port}/api{path}",
+                    auth=(USER, PASSWORD),
+                    timeout=timeout,
                 )
                 r.raise_for_status()
                 return r.json()
@@ -311,7 +313,9 @@ def free_base_port(size: int = 3) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser = argparse.ArgumentParser(
+        description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     parser.add_argument("command", choices=["start", "stop", "urls"])
     parser.add_argument("--base-port", type=int, default=5681)
     parser.add_argument("--directory", help=f"default: {default_directory(5681)} (with the base port)")

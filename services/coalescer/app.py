@@ -47,7 +47,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     metrics.create_known_series("coalescer")
     pool = await create_pool(dsn, size=settings.database_pool_size)
     topology = build_topology(settings.retry_delays())
-    amqp = settings.amqp_url.get_secret_value()
+    amqp = settings.amqp_urls()
     # Separate connections: a consumer's flow control never blocks the relay's publishes.
     consume_broker = BrokerConnection(amqp, topology, name="chatq-coalescer")
     relay_broker = BrokerConnection(amqp, topology, name="chatq-coalescer-relay")

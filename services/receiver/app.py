@@ -268,7 +268,7 @@ async def _start(settings: Settings) -> Runtime:
     )
     pool = await create_pool(dsn, size=settings.database_pool_size)
     broker = BrokerConnection(
-        settings.amqp_url.get_secret_value(),
+        settings.amqp_urls(),
         build_topology(settings.retry_delays()),
         name="chatq-receiver-relay",
     )

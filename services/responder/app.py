@@ -87,7 +87,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             settings.worst_case_job_seconds(),
         )
     topology = build_topology(settings.retry_delays())
-    amqp = settings.amqp_url.get_secret_value()
+    amqp = settings.amqp_urls()
     consume_broker = BrokerConnection(amqp, topology, name="chatq-responder")
     retry_broker = BrokerConnection(amqp, topology, name="chatq-responder-retry")
     timeout = httpx.Timeout(
