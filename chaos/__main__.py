@@ -29,7 +29,8 @@ async def main(args: argparse.Namespace) -> int:
     verdicts = []
     for scenario in scenarios:
         print(
-            f"scenario: {scenario.name} ({args.messages} messages over {args.chats} chats in {args.seconds:.0f} s)",
+            f"scenario: {scenario.name} ({args.messages} messages over {args.chats} chats in "
+            f"{max(args.seconds, scenario.min_seconds):.0f} s)",
             flush=True,
         )
         v = await run_scenario(

@@ -159,6 +159,8 @@ class LocalCluster:
             f"listeners.tcp.local = 127.0.0.1:{node.amqp_port}\n"
             f"management.tcp.ip = 127.0.0.1\n"
             f"management.tcp.port = {node.management_port}\n"
+            # As deploy/rabbitmq/rabbitmq.conf: quorum queue leaders spread over the nodes.
+            "queue_leader_locator = balanced\n"
         )
         (d / "enabled_plugins").write_text("[rabbitmq_management].\n")
         if os.geteuid() == 0:  # rabbitmq-server drops to the rabbitmq user
