@@ -38,7 +38,7 @@ class Loss:
     node: str
     why: str  # "most connections" or "leader of chatq.responder"
     at: float  # wall clock (time.time()), comparable with Postgres' timestamps
-    connections_before: int = 0
+    connections_on_node: int = 0  # service connections the lost node held
     reconnected_after: float | None = None  # seconds until every connection was back
     first_reply_after: float | None = None  # seconds until a message received after it was answered
 
@@ -70,8 +70,8 @@ class RabbitCluster:
                     out[f"{name}#{c.get('peer_port')}"] = c["node"]
         return out
 
-    async def target(self, index: int) -> tuple[Node, str]:
-        if index % 2 == 1:
+    async def target(self, by: str) -> tuple[Node, str]:
+        if by == "leader":
             with contextlib.suppress(Exception):
                 q = await self.api("/queues/%2F/chatq.responder")
                 leader = q.get("leader") if isinstance(q, dict) else None  # type: ignore[union-attr]
@@ -83,11 +83,14 @@ class RabbitCluster:
         busiest = max(counts, key=lambda n: (counts[n], self.rng.random()))
         return self.cluster.node_named(busiest), "most connections"
 
-    async def lose(self, index: int, *, down_for: float, cut: bool = False) -> Loss:
-        node, why = await self.target(index)
+    async def lose(self, kind: str, by: str, *, down_for: float) -> Loss:
+        """``kind``: kill, stop or cut; ``by``: the node with the most connections
+        ("connections") or the leader of chatq.responder ("leader")."""
+        node, why = await self.target(by)
         before = await self.service_connections()
-        kind = "cut" if cut else ("kill" if index % 2 == 0 else "stop")
-        loss = Loss(kind, node.name, why, time.time(), connections_before=len(before))
+        cut = kind == "cut"
+        on_node = sum(1 for n in before.values() if n == node.name)
+        loss = Loss(kind, node.name, why, time.time(), connections_on_node=on_node)
         self.losses.append(loss)
         started = time.monotonic()
         watcher = asyncio.create_task(self._reconnected(loss, before, node, started))
@@ -105,12 +108,14 @@ class RabbitCluster:
         return loss
 
     async def _reconnected(self, loss: Loss, before: dict[str, str], lost: Node, started: float) -> None:
-        """Until as many service connections as before are open and none of those that
-        were on the lost node is left (0 s when the services held none there)."""
-        on_lost = {key for key, node in before.items() if node == lost.name}
+        """Until each service connection that was on the lost node is open again on
+        another (0 s when the services held none there). The responder's retry
+        publisher is left out: it opens its connection at its next retry only."""
+        on_lost = {key for key, node in before.items() if node == lost.name and "-retry#" not in key}
         while True:
             now = await self.service_connections()
-            if len(now) >= len(before) and not on_lost & set(now):
+            names_now = {key.split("#")[0] for key, node in now.items() if node != lost.name}
+            if not on_lost & set(now) and {key.split("#")[0] for key in on_lost} <= names_now:
                 loss.reconnected_after = round(time.monotonic() - started, 2)
                 return
             await asyncio.sleep(0.25)
@@ -143,16 +148,31 @@ class RabbitCluster:
         return lowest
 
 
-async def node_losses(rabbit: RabbitCluster, done: asyncio.Event, *, interval: tuple[float, float]) -> None:
-    """A loss every ``interval`` seconds until the load is over: node kills and stops,
-    and the second loss a network cut instead."""
+#: What is lost, in turn: (kill, stop or cut; the node with the most connections or the
+#: leader of chatq.responder). After the first two, the rest repeats.
+PLAN = (
+    ("kill", "connections"),
+    ("cut", "leader"),
+    ("stop", "leader"),
+    ("kill", "connections"),
+    ("stop", "connections"),
+    ("kill", "leader"),
+)
+
+
+async def node_losses(
+    rabbit: RabbitCluster, done: asyncio.Event, *, interval: tuple[float, float], load_ends: float
+) -> None:
+    """A loss every ``interval`` seconds while the load lasts (none that would start
+    less than 20 s before ``load_ends``, a monotonic time: its recovery needs traffic)."""
     index = 0
     while True:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(done.wait(), timeout=rabbit.rng.uniform(*interval))
-        if done.is_set():
+        if done.is_set() or time.monotonic() > load_ends - 20:
             return
-        await rabbit.lose(index, down_for=rabbit.rng.uniform(10, 15) if index != 1 else 10, cut=index == 1)
+        kind, by = PLAN[index] if index < len(PLAN) else PLAN[2 + (index - 2) % (len(PLAN) - 2)]
+        await rabbit.lose(kind, by, down_for=10 if kind == "cut" else rabbit.rng.uniform(10, 15))
         index += 1
 
 
@@ -204,9 +224,9 @@ def report(losses: list[Loss], unsettled: dict[str, int]) -> list[str]:
     lines = ["  broker node losses:"]
     for i, loss in enumerate(losses, 1):
         lines.append(
-            f"    {i}. {loss.kind} {loss.node} ({loss.why}): {loss.connections_before} connections back "
-            f"on other nodes after {_s(loss.reconnected_after)}, first reply to a newer message after "
-            f"{_s(loss.first_reply_after)}"
+            f"    {i}. {loss.kind} {loss.node} ({loss.why}): its {loss.connections_on_node} service "
+            f"connections open on other nodes after {_s(loss.reconnected_after)}, first reply to a "
+            f"message received after the loss {_s(loss.first_reply_after)} after it"
         )
     for label, values in (
         ("connections back", [x.reconnected_after for x in losses]),

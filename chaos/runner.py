@@ -71,6 +71,8 @@ class Cluster:
     restarts: Counter[str] = field(default_factory=Counter)
     #: The three-node RabbitMQ cluster, in the scenarios that run on one.
     rabbit: node_loss.RabbitCluster | None = None
+    #: When the load's last message is due (time.monotonic()).
+    load_ends: float = 0.0
 
     @property
     def replicas(self) -> int:
@@ -333,7 +335,7 @@ async def broker_node_losses(
     """Every 20-40 s a RabbitMQ node is lost (killed, stopped, or once cut off) and later
     back (chaos.node_loss)."""
     assert cluster.rabbit is not None
-    await node_loss.node_losses(cluster.rabbit, done, interval=(20, 40))
+    await node_loss.node_losses(cluster.rabbit, done, interval=(20, 40), load_ends=cluster.load_ends)
 
 
 async def one_broker_node_killed(
@@ -342,7 +344,7 @@ async def one_broker_node_killed(
     """The short variant: the node holding the most connections is killed once, 15 s in."""
     assert cluster.rabbit is not None
     await _sleep_or_done(done, 15)
-    await cluster.rabbit.lose(0, down_for=10)
+    await cluster.rabbit.lose("kill", "connections", down_for=10)
 
 
 async def _sleep_or_done(done: asyncio.Event, seconds: float) -> None:
@@ -377,7 +379,7 @@ NODE_LOSS = Scenario(
     "RabbitMQ cluster: a node killed, stopped or cut every 20-40 s",
     broker_node_losses,
     on_cluster=True,
-    min_seconds=150,
+    min_seconds=240,
 )
 NODE_KILLED_ONCE = Scenario("RabbitMQ cluster: one node killed", one_broker_node_killed, on_cluster=True)
 FULL = [
@@ -511,6 +513,7 @@ class Verdict:
             and self.duplicated == 0
             and self.out_of_order == 0
             and not any(self.unsettled.values())
+            and all(loss.get("reconnected_after") is not None for loss in self.node_losses)
         )
 
 
@@ -728,6 +731,7 @@ async def run_scenario(
             try:
                 bursts = make_events(messages, chats, duration, rng)
                 done = asyncio.Event()
+                cluster.load_ends = time.monotonic() + duration
                 faults = asyncio.create_task(scenario.faults(cluster, proxy, world, done))
                 await drive(cluster.receiver_urls, bursts, rng)
                 done.set()
