@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import itertools
 import json
 import random
 import statistics
@@ -41,6 +42,9 @@ class Loss:
     connections_on_node: int = 0  # service connections the lost node held
     reconnected_after: float | None = None  # seconds until every connection was back
     first_reply_after: float | None = None  # seconds until a message received after it was answered
+    #: The longest time without a reply sent in the 30 s after the loss (from the loss):
+    #: how long the pipeline stalled, if it did.
+    longest_pause: float | None = None
 
 
 @dataclass
@@ -200,8 +204,19 @@ async def rabbit_cluster() -> AsyncIterator[RabbitCluster]:
 
 
 async def first_replies(pool: asyncpg.Pool, losses: list[Loss]) -> None:
-    """For each loss, the seconds until the first reply to a message received after it."""
+    """For each loss, the seconds until the first reply to a message received after it,
+    and the longest pause between replies sent in the 30 s after it."""
     for loss in losses:
+        sent = await pool.fetch(
+            """
+            SELECT extract(epoch FROM sent_at - to_timestamp($1))::float8 AS t FROM reply_jobs
+            WHERE status = 'sent' AND sent_at BETWEEN to_timestamp($1) AND to_timestamp($1) + interval '30 s'
+            ORDER BY sent_at
+            """,
+            loss.at,
+        )
+        times = [0.0, *(r["t"] for r in sent)]
+        loss.longest_pause = round(max(b - a for a, b in itertools.pairwise(times)), 2) if sent else None
         loss.first_reply_after = await pool.fetchval(
             """
             SELECT round(extract(epoch FROM min(j.sent_at) - to_timestamp($1))::numeric, 2)::float8
@@ -226,11 +241,13 @@ def report(losses: list[Loss], unsettled: dict[str, int]) -> list[str]:
         lines.append(
             f"    {i}. {loss.kind} {loss.node} ({loss.why}): its {loss.connections_on_node} service "
             f"connections open on other nodes after {_s(loss.reconnected_after)}, first reply to a "
-            f"message received after the loss {_s(loss.first_reply_after)} after it"
+            f"message received after the loss {_s(loss.first_reply_after)} after it, longest pause "
+            f"between replies in the 30 s after it {_s(loss.longest_pause)}"
         )
     for label, values in (
         ("connections back", [x.reconnected_after for x in losses]),
         ("first reply", [x.first_reply_after for x in losses]),
+        ("longest pause", [x.longest_pause for x in losses]),
     ):
         got = [v for v in values if v is not None]
         lines.append(
