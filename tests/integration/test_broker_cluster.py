@@ -13,7 +13,7 @@ import aio_pika
 import pytest
 
 from chaos.cluster import LocalCluster, running_cluster
-from shared.broker.connection import BrokerConnection
+from shared.broker.connection import BrokerConnection, BrokerUnreachable
 from shared.broker.consumer import Consumer
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.broker.topology import (
@@ -23,12 +23,44 @@ from shared.broker.topology import (
     RESPONDER_QUEUE,
     build_topology,
 )
+from shared.doctor import check_broker
+from shared.settings import Settings
 from tests.support.broker import wait_for
+from tests.support.processes import free_port
 
 # Booting three nodes takes a minute, more on a busy machine.
 pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
 
 TOPOLOGY = build_topology((0.5, 1))
+
+
+def dead_address(url: str) -> str:
+    """The same URL on a port nothing listens on: a node that is down."""
+    head, _, tail = url.partition("@")
+    return f"{head}@127.0.0.1:{free_port()}/{tail.split('/', 1)[1]}"
+
+
+async def test_a_service_given_a_down_node_and_a_live_one_connects_to_the_live_one_and_doctor_names_the_other(
+    settings: Settings,
+) -> None:
+    live = settings.amqp_url.get_secret_value()
+    down = dead_address(live)
+    broker = BrokerConnection([down, live, down], TOPOLOGY, name="two-addresses")
+    for _ in range(5):  # whatever order it tries them in
+        await broker.connect()
+        assert broker.address == live
+        await broker.reset()
+    with pytest.raises(BrokerUnreachable, match="no RabbitMQ node answered"):
+        await BrokerConnection([down], TOPOLOGY).connect()
+
+    checks = await check_broker(Settings(**{**settings.model_dump(), "amqp_url": f"{live},{down}"}))
+    states = {c.name: c.state for c in checks}
+    assert list(states.values()).count("FAIL") == 1
+    (failed,) = [c for c in checks if c.state == "FAIL"]
+    assert "does not answer" in failed.reason and "other nodes" in failed.reason
+    assert "start that node again" in failed.fix
+    assert states["broker topology"] == "ok", "the topology is checked through the node that answers"
+    assert "guest:guest" not in " ".join(c.reason + c.fix for c in checks)
 
 
 @pytest.fixture(scope="module")
