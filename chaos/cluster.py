@@ -285,9 +285,16 @@ def default_directory(base_port: int) -> Path:
 def running_cluster(base_port: int | None = None) -> Iterator[LocalCluster]:
     """A fresh cluster for one test session or chaos run, in a directory and on ports of
     its own (free ones unless ``base_port``), torn down afterwards."""
-    port = base_port or free_base_port()
-    directory = Path(tempfile.mkdtemp(prefix=f"chatq-cluster-{port}-"))
-    cluster = LocalCluster(port, directory).start()
+    for attempt in range(3):
+        port = base_port or free_base_port()
+        directory = Path(tempfile.mkdtemp(prefix=f"chatq-cluster-{port}-"))
+        try:
+            cluster = LocalCluster(port, directory).start()
+            break
+        except RuntimeError:
+            # A port taken between the check and the boot (start() stopped what it began).
+            if base_port or attempt == 2:
+                raise
     try:
         yield cluster
     finally:
@@ -295,13 +302,15 @@ def running_cluster(base_port: int | None = None) -> Iterator[LocalCluster]:
 
 
 def free_base_port(size: int = 3) -> int:
-    """A base port whose AMQP, management and distribution ports are all free."""
+    """A base port whose AMQP, management and distribution ports are all free, all of
+    them below the kernel's ephemeral range (32768 and up by default), where a client's
+    outgoing connection could take one between this check and the node's boot."""
     import random
     import socket
 
     rng = random.Random()
     for _ in range(200):
-        base = rng.randrange(30000, 35000)
+        base = rng.randrange(10000, 12700)
         ports = [base + i + off for i in range(size) for off in (0, 10000, 20000)]
         try:
             with contextlib.ExitStack() as stack:
