@@ -66,6 +66,12 @@ def placeholder_reason(secret: str) -> str | None:
     return None
 
 
+def amqp_addresses(value: str) -> list[str]:
+    """The AMQP URLs in ``CHATQ_AMQP_URL``: one, or several comma-separated (the nodes of a
+    RabbitMQ cluster, each a whole URL with its user, password and vhost)."""
+    return [part.strip() for part in value.split(",") if part.strip()]
+
+
 def url_password(url: str) -> str | None:
     """The password in a URL's user info, decoded; None when the URL carries none."""
     try:
@@ -245,6 +251,21 @@ class Settings(BaseSettings):
             )
         return ",".join(t for t in TELEGRAM_CHAT_TYPES if t in types)
 
+    @field_validator("amqp_url")
+    @classmethod
+    def _amqp_urls_are_urls(cls, v: SecretStr) -> SecretStr:
+        addresses = amqp_addresses(v.get_secret_value())
+        if not addresses:
+            raise ValueError("CHATQ_AMQP_URL is empty: give RabbitMQ's URL (or several, comma-separated)")
+        for address in addresses:
+            parts = urlsplit(address)
+            if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+                raise ValueError(
+                    "CHATQ_AMQP_URL takes amqp:// or amqps:// URLs, comma-separated for the nodes of a "
+                    f"cluster; one of them is {parts.scheme or 'not'} a URL with a host"
+                )
+        return v
+
     @field_validator("greeting")
     @classmethod
     def _greeting_fits_a_message(cls, v: str) -> str:
@@ -292,10 +313,13 @@ class Settings(BaseSettings):
         if database_url == LOCAL_DATABASE_URL:
             problems.append("CHATQ_DATABASE_URL is the local development default (trust authentication)")
         weak = []
-        for name, url in (("CHATQ_DATABASE_URL", database_url), ("CHATQ_AMQP_URL", amqp_url)):
+        urls = [("CHATQ_DATABASE_URL", database_url)]
+        urls += [("CHATQ_AMQP_URL", url) for url in amqp_addresses(amqp_url)]
+        for name, url in urls:
             password = url_password(url)
             if password and "guest:guest@" not in url and (reason := placeholder_reason(password)):
-                weak.append(f"{name}'s password {reason}, like a placeholder")
+                if (problem := f"{name}'s password {reason}, like a placeholder") not in weak:
+                    weak.append(problem)
         for setting in GUARDED_SECRETS:
             value = getattr(self, setting)
             if value is None:
@@ -365,10 +389,14 @@ class Settings(BaseSettings):
             and isinstance(v := getattr(self, name), SecretStr)
             and v.get_secret_value()
         ]
-        for url in (self.database_url.get_secret_value(), self.amqp_url.get_secret_value()):
+        for url in (self.database_url.get_secret_value(), *self.amqp_urls()):
             if (password := url_password(url)) and password not in values:
                 values.append(password)
         return values
+
+    def amqp_urls(self) -> list[str]:
+        """RabbitMQ's address, or each node's of a cluster (CHATQ_AMQP_URL, comma-separated)."""
+        return amqp_addresses(self.amqp_url.get_secret_value())
 
     @property
     def telegram_account_id(self) -> str:
