@@ -64,25 +64,10 @@ class Filed:
 
 _LOCK_CHAT_WINDOW = "SELECT * FROM chatq_lock_chat_window($1, $2)"
 
-# Filing writes in one statement: the window (opened, or moved on), the message in it,
-# and the operation's status.
+# Filing writes the window (opened, or moved on) and the message in it in one statement;
+# the operation's status and record follow (shared/state/operation.file_waiting).
 _FILED = """
-, filed AS (INSERT INTO window_messages (operation_id, window_id) SELECT $2, id FROM w)
-, held AS (SELECT c.held_until FROM chats c WHERE c.chat_key = $6 AND c.held_until > now())
-, ev AS (
-    INSERT INTO operation_events (operation_id, kind, detail)
-    SELECT $2,
-           CASE WHEN held.held_until IS NULL THEN 'filed' ELSE 'held' END,
-           CASE WHEN held.held_until IS NULL
-                THEN 'filed in the chat''s window, waiting for the buyer to finish typing (due '
-                     || to_char($4::timestamptz AT TIME ZONE 'UTC', 'HH24:MI:SS') || ' UTC)'
-                ELSE 'filed in the chat''s window; the seller holds the chat until '
-                     || to_char(held.held_until AT TIME ZONE 'UTC', 'HH24:MI') || ' UTC'
-           END
-    FROM w LEFT JOIN held ON true
-)
-UPDATE operations SET status = 'waiting', updated_at = now()
-WHERE id = $2 AND status IN ('accepted', 'queued')
+INSERT INTO window_messages (operation_id, window_id) SELECT $2, id FROM w
 """
 
 # A window opened while its chat has a reply job in flight, or while the seller holds the
@@ -244,6 +229,7 @@ class Coalescer:
                     else ()
                 ),
             )  # fmt: skip
+            await operation_state.file_waiting(conn, inbound.operation_id, key, window.due_at)
             fault_point("coalescer.before_commit")
         MESSAGES_FILED.labels(outcome="filed").inc()
         logger.info(
@@ -449,17 +435,8 @@ class Coalescer:
             [j.job_id for j in whole],
             now,
         )
-        await conn.execute(
-            """
-            WITH ev AS (
-                INSERT INTO operation_events (operation_id, kind, detail, job_id)
-                SELECT v.operation_id, 'emitted', 'in a reply job: the buyer paused, one reply answers the burst', v.job_id
-                FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
-            )
-            UPDATE operations o SET job_id = v.job_id, updated_at = $3
-            FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
-            WHERE o.id = v.operation_id
-            """,
+        await operation_state.assign_jobs(
+            conn,
             [m.operation_id for j in jobs for m in j.messages],
             [j.job_id for j in jobs for _ in j.messages],
             now,
@@ -489,21 +466,7 @@ class Coalescer:
             "(SELECT 1 FROM window_messages wm WHERE wm.window_id = w.id)",
             job.window_id,
         )
-        failed = await conn.fetch(
-            """
-            WITH up AS (
-                UPDATE operations SET status = 'failed', status_reason = $2, owner = $3, updated_at = now()
-                WHERE id = ANY($1::uuid[]) AND status = ANY(chatq_operation_sources('failed'))
-                RETURNING id
-            ), ev AS (
-                INSERT INTO operation_events (operation_id, kind, detail, actor) SELECT id, 'failed', 'failed: ' || $2, $3 FROM up
-            )
-            SELECT id FROM up
-            """,
-            ids,
-            reason,
-            self._owner,
-        )
+        failed = await operation_state.fail(conn, ids, reason, self._owner)
         metrics.OPERATIONS.labels(outcome="failed").inc(len(failed))
         logger.error(
             "window %s of %s set aside: %s",
@@ -515,7 +478,7 @@ class Coalescer:
         if self._alerter is not None:
             await self._alerter.announce(
                 "operation.failed",
-                {"operations": [str(r["id"]) for r in failed], "reason": reason, "owner": self._owner},
+                {"operations": [str(i) for i in failed], "reason": reason, "owner": self._owner},
             )
 
     def wake(self) -> None:

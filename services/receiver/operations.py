@@ -21,6 +21,7 @@ from shared.messages import InboundMessage, chat_key
 from shared.metrics import RETRIES
 from shared.outbox import OutboxMessage, enqueue_many
 from shared.state import account as account_state
+from shared.state import job as job_state
 from shared.state import operation as operation_state
 from shared.state.operation import OperationStatus
 
@@ -192,15 +193,7 @@ async def retry_operation(
         # this confirmed re-send, which supersedes it.
         await conn.execute("DELETE FROM reply_coverage WHERE operation_id = ANY($1::uuid[])", ids)
         if row["job_id"] is not None and row["status"] == "needs_review":
-            await conn.execute(
-                """
-                UPDATE reply_jobs SET status = 'superseded', updated_at = now(),
-                       error_message = left(coalesce(error_message, '') || '; re-send confirmed by ' || $2, 500)
-                WHERE id = $1 AND status = ANY(chatq_job_sources('superseded')) AND status = 'needs_review'
-                """,
-                row["job_id"],
-                who.by,
-            )
+            await job_state.supersede_for_resend(conn, row["job_id"], who.by)
         await operation_state.record_event(
             conn,
             ids,

@@ -27,6 +27,7 @@ from shared.db import Conn, one
 from shared.messages import JobCaps
 from shared.messages import chat_key as make_chat_key
 from shared.state import account as account_state
+from shared.state import job as job_state
 from shared.state.job import DeliveryStatus, lock_key
 
 from .llm import Turn
@@ -388,21 +389,7 @@ class PgJobSession:
         """Back to pending until the retry tier hands it back; the chat stays blocked. The
         attempt's outcome goes on the record of each of the job's messages (a wait for a
         paused account is not an attempt, and is not recorded again and again)."""
-        await self._conn.execute(
-            """
-            WITH job AS (
-                UPDATE reply_jobs SET status = 'pending', error_kind = $2, error_message = $3, updated_at = now()
-                WHERE id = $1 AND status = ANY(chatq_job_sources('pending'))
-                RETURNING operation_ids, attempts
-            )
-            SELECT chatq_log(job.operation_ids, 'attempt_failed',
-                             'attempt ' || job.attempts || ' did not send (' || $2 || '): ' || $3, $1)
-            FROM job WHERE $2 <> 'account'
-            """,
-            job_id,
-            kind,
-            reason[:500],
-        )
+        await job_state.back_to_pending(self._conn, job_id, kind, reason)
 
     async def give_up(self, job_id: uuid.UUID, kind: str, reason: str, owner: str) -> Settled:
         """Stop trying (see chatq_give_up): needs_review when the last send may have

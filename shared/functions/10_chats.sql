@@ -110,14 +110,7 @@ BEGIN
         DELETE FROM reply_coverage WHERE job_id = j.id;
         answered := answered || j.operation_ids;
     END LOOP;
-    WITH up AS (
-        UPDATE operations SET status = 'replied', status_reason = why, updated_at = now()
-        WHERE id = ANY(answered) AND status IN ('accepted', 'queued', 'waiting', 'replying')
-        RETURNING id
-    )
-    SELECT coalesce(array_agg(id), '{}') INTO done FROM up;
-    INSERT INTO operation_events (operation_id, kind, actor, detail)
-    SELECT x, 'answered_by_seller', 'seller', why FROM unnest(done) AS x;
+    done := chatq_answered_by_seller(answered, why, why);
     RETURN done;
 END
 $$;

@@ -31,7 +31,6 @@ CREATE OR REPLACE FUNCTION chatq_withdraw_if_seller_answered(
 ) RETURNS boolean LANGUAGE plpgsql AS $$
 DECLARE
     msg text;
-    done uuid[];
 BEGIN
     SELECT c.seller_message_id INTO msg FROM chats c WHERE c.chat_key = p_chat_key AND c.seller_wrote_at > p_created;
     IF NOT FOUND THEN
@@ -41,16 +40,9 @@ BEGIN
            error_message = 'withdrawn: answered by the seller (message ' || msg || ')'
     WHERE id = p_job AND status IN ('pending', 'processing');
     DELETE FROM reply_coverage WHERE job_id = p_job;
-    WITH up AS (
-        UPDATE operations SET status = 'replied', status_reason = 'answered by the seller (message ' || msg || ')',
-               updated_at = now()
-        WHERE id = ANY(p_ops) AND status IN ('accepted', 'queued', 'waiting', 'replying')
-        RETURNING id
-    )
-    SELECT coalesce(array_agg(id), '{}') INTO done FROM up;
-    INSERT INTO operation_events (operation_id, kind, actor, detail, job_id)
-    SELECT x, 'answered_by_seller', 'seller', 'answered by the seller (message ' || msg || '); the reply was withdrawn', p_job
-    FROM unnest(done) AS x;
+    PERFORM chatq_answered_by_seller(
+        p_ops, 'answered by the seller (message ' || msg || ')',
+        'answered by the seller (message ' || msg || '); the reply was withdrawn', p_job);
     RETURN true;
 END
 $$;

@@ -16,6 +16,8 @@ from __future__ import annotations
 import enum
 import uuid
 
+from shared.db import Conn
+
 from .machine import Lifecycle
 
 
@@ -69,3 +71,49 @@ def lock_key(job_id: uuid.UUID) -> int:
     """The job's session advisory lock, held by the responder across a job's handling (a
     bigint from the job id). Whoever takes it may decide the job."""
     return job_id.int & 0x7FFF_FFFF_FFFF_FFFF
+
+
+# ---- writes: every status change of a reply job made from Python ------------------------
+# (the PL/pgSQL writers of shared/functions/30_jobs.sql use the same table through
+# chatq_job_sources; the trigger of 00_states.sql refuses anything else.)
+
+
+async def back_to_pending(conn: Conn, job_id: uuid.UUID, kind: str, reason: str) -> None:
+    """An attempt did not send: back to pending until the retry tier hands the job back
+    (the chat stays blocked). The attempt's outcome goes on the record of each of the
+    job's messages (a wait for a paused account is not an attempt, and is not recorded
+    again and again)."""
+    await conn.execute(
+        """
+        WITH job AS (
+            UPDATE reply_jobs SET status = 'pending', error_kind = $2, error_message = $3, updated_at = now()
+            WHERE id = $1 AND status = ANY($4::text[])
+            RETURNING operation_ids, attempts
+        )
+        SELECT chatq_log(job.operation_ids, 'attempt_failed',
+                         'attempt ' || job.attempts || ' did not send (' || $2 || '): ' || $3, $1)
+        FROM job WHERE $2 <> 'account'
+        """,
+        job_id,
+        kind,
+        reason[:500],
+        LIFECYCLE.sources(J.PENDING),
+    )
+
+
+async def supersede_for_resend(conn: Conn, job_id: uuid.UUID, by: str) -> bool:
+    """A person confirmed that a needs_review job's messages are sent again: the job is
+    superseded by the new one, and its error says who confirmed. Returns whether it
+    changed."""
+    status = await conn.fetchval(
+        """
+        UPDATE reply_jobs SET status = 'superseded', updated_at = now(),
+               error_message = left(coalesce(error_message, '') || '; re-send confirmed by ' || $2, 500)
+        WHERE id = $1 AND status = $3
+        RETURNING status
+        """,
+        job_id,
+        by,
+        J.NEEDS_REVIEW.value,
+    )
+    return status is not None

@@ -16,6 +16,7 @@ from __future__ import annotations
 import enum
 import uuid
 from collections.abc import Sequence
+from datetime import datetime
 
 import asyncpg
 
@@ -85,26 +86,93 @@ async def mark_queued(conn: Conn, ids: Sequence[uuid.UUID]) -> None:
     )
 
 
-async def fail_unfiled(conn: Conn, operation_id: uuid.UUID, reason: str, owner: str) -> bool:
-    """The coalescer gave up on a message it never filed: the operation fails with the
-    reason and an owner (a person may retry it). A message already in a window is left to
-    its reply. Returns whether the operation changed."""
-    status = await conn.fetchval(
+async def fail(
+    conn: Conn,
+    ids: Sequence[uuid.UUID],
+    reason: str,
+    owner: str,
+    *,
+    unfiled_only: bool = False,
+) -> list[uuid.UUID]:
+    """The operations fail with the reason and an owner (a person may retry them), and the
+    failure goes on their record. ``unfiled_only``: only a message never filed in a window
+    (accepted, queued) fails; one already in a window is left to its reply. Returns the
+    operations that changed."""
+    sources = [S.ACCEPTED.value, S.QUEUED.value] if unfiled_only else LIFECYCLE.sources(S.FAILED)
+    rows = await conn.fetch(
         """
         WITH up AS (
             UPDATE operations SET status = 'failed', status_reason = $2, owner = $3, updated_at = now()
-            WHERE id = $1 AND status IN ('accepted', 'queued')
-            RETURNING id, status
+            WHERE id = ANY($1::uuid[]) AND status = ANY($4::text[])
+            RETURNING id
         ), ev AS (
             INSERT INTO operation_events (operation_id, kind, detail, actor) SELECT id, 'failed', 'failed: ' || $2, $3 FROM up
         )
-        SELECT status FROM up
+        SELECT id FROM up
         """,
-        operation_id,
+        list(ids),
         reason[:500],
         owner,
+        sources,
     )
-    return status is not None
+    return [r["id"] for r in rows]
+
+
+async def fail_unfiled(conn: Conn, operation_id: uuid.UUID, reason: str, owner: str) -> bool:
+    """The coalescer gave up on a message it never filed (see ``fail``). Returns whether
+    the operation changed."""
+    return bool(await fail(conn, [operation_id], reason, owner, unfiled_only=True))
+
+
+async def file_waiting(conn: Conn, operation_id: uuid.UUID, chat_key: str, due_at: datetime) -> None:
+    """The coalescer filed the message in its chat's window: it waits for the buyer to
+    finish typing (or for the seller's hold to end), and its record says which."""
+    await conn.execute(
+        """
+        WITH held AS (SELECT c.held_until FROM chats c WHERE c.chat_key = $2 AND c.held_until > now())
+        , ev AS (
+            INSERT INTO operation_events (operation_id, kind, detail)
+            SELECT $1,
+                   CASE WHEN held.held_until IS NULL THEN 'filed' ELSE 'held' END,
+                   CASE WHEN held.held_until IS NULL
+                        THEN 'filed in the chat''s window, waiting for the buyer to finish typing (due '
+                             || to_char($3::timestamptz AT TIME ZONE 'UTC', 'HH24:MI:SS') || ' UTC)'
+                        ELSE 'filed in the chat''s window; the seller holds the chat until '
+                             || to_char(held.held_until AT TIME ZONE 'UTC', 'HH24:MI') || ' UTC'
+                   END
+            FROM (SELECT 1) one LEFT JOIN held ON true
+        )
+        UPDATE operations SET status = 'waiting', updated_at = now()
+        WHERE id = $1 AND status = ANY($4::text[])
+        """,
+        operation_id,
+        chat_key,
+        due_at,
+        # Filing comes before any reply: only a message not yet in a window moves.
+        [S.ACCEPTED.value, S.QUEUED.value],
+    )
+
+
+async def assign_jobs(
+    conn: Conn, operation_ids: Sequence[uuid.UUID], job_ids: Sequence[uuid.UUID], at: datetime
+) -> None:
+    """The coalescer emitted reply jobs: each operation points at the job that answers it
+    (``operation_ids[i]`` -> ``job_ids[i]``), and its record says so."""
+    await conn.execute(
+        """
+        WITH ev AS (
+            INSERT INTO operation_events (operation_id, kind, detail, job_id)
+            SELECT v.operation_id, 'emitted', 'in a reply job: the buyer paused, one reply answers the burst', v.job_id
+            FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
+        )
+        UPDATE operations o SET job_id = v.job_id, updated_at = $3
+        FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
+        WHERE o.id = v.operation_id
+        """,
+        list(operation_ids),
+        list(job_ids),
+        at,
+    )
 
 
 async def record_event(
