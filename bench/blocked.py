@@ -32,7 +32,8 @@ from pathlib import Path
 import asyncpg
 
 from bench.support import RESULTS, add_infra_arguments, drop_database, fresh_database
-from services.coalescer.service import _CLAIM_DUE, _NEXT_DUE, Coalescer
+from services.coalescer.service import Coalescer
+from services.coalescer.stores import _CLAIM_DUE, _NEXT_DUE
 from services.coalescer.windows import WindowPolicy
 from shared.db import create_pool
 from shared.messages import InboundMessage

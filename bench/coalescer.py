@@ -19,7 +19,8 @@ import statistics
 import time
 
 from bench.support import RESULTS, add_infra_arguments, drop_database, fresh_database, private_vhost
-from services.coalescer.service import _CLAIM_DUE, Coalescer
+from services.coalescer.service import Coalescer
+from services.coalescer.stores import _CLAIM_DUE
 from services.coalescer.windows import WindowPolicy
 from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher

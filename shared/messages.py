@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Literal, Self
+from typing import Any, Literal, Protocol, Self
 from uuid import UUID
 
 from pydantic import BaseModel, ConfigDict, Field
@@ -62,6 +62,12 @@ def _escape(part: str) -> str:
     return part.replace("%", "%25").replace(":", "%3A")
 
 
+class Row(Protocol):
+    """A row read by column name (an asyncpg Record, a dict)."""
+
+    def __getitem__(self, key: str, /) -> Any: ...
+
+
 class JobMessage(BaseModel):
     """One buyer message inside a reply job, in platform order."""
 
@@ -73,6 +79,14 @@ class JobMessage(BaseModel):
     text: str
     sent_at: datetime
     received_at: datetime
+
+    @classmethod
+    def from_row(cls, row: Row) -> JobMessage:
+        """From a row of ``operations`` (its ``id`` is the operation id)."""
+        return cls(
+            operation_id=row["id"],
+            **{k: row[k] for k in ("message_id", "author_id", "text", "sent_at", "received_at")},
+        )
 
 
 class ReplyJob(WireModel):

@@ -25,14 +25,11 @@ from pydantic import ValidationError
 from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.consumer import Reject
-from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE
-from shared.db import Conn, one
 from shared.faults import fault_point
 from shared.messages import InboundMessage, JobCaps, JobMessage, ReplyJob
-from shared.outbox import OutboxMessage, enqueue_many
-from shared.state import operation as operation_state
 
-from .windows import Window, WindowPolicy, on_message
+from .stores import PgWindowStore, Refused, WindowSession, WindowStore
+from .windows import WindowPolicy, on_message
 
 logger = logging.getLogger(__name__)
 
@@ -62,78 +59,6 @@ class Filed:
     opened: bool
 
 
-_LOCK_CHAT_WINDOW = "SELECT * FROM chatq_lock_chat_window($1, $2)"
-
-# Filing writes the window (opened, or moved on) and the message in it in one statement;
-# the operation's status and record follow (shared/state/operation.file_waiting).
-_FILED = """
-INSERT INTO window_messages (operation_id, window_id) SELECT $2, id FROM w
-"""
-
-# A window opened while its chat has a reply job in flight, or while the seller holds the
-# chat, is blocked until that ends (the chat's lock, held here, serialises this with the
-# job's end and the hold's: 40_windows_blocked.sql).
-_FILE_OPENING = (
-    """
-WITH w AS (
-    INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
-                              deadline_at, due_at, delay_seconds, message_count, blocked)
-    VALUES ($1, $6, $7, $8, $9, 'open', $10, $3, $11, $4, $12, $5, chatq_chat_blocked($6))
-    RETURNING id
-)
-"""
-    + _FILED
-)
-
-_FILE_ADDING = (
-    """
-WITH w AS (
-    UPDATE chat_windows SET last_at = $3, due_at = $4, message_count = $5 WHERE id = $1 AND chat_key = $6 RETURNING id
-)
-"""
-    + _FILED
-)
-
-# A window may close when it is due, not blocked (no job of its chat in flight: the
-# ready-windows index holds only these), and no message of its chat received before the
-# window's last one is still in transit (the SQL function says why; the responder's
-# fold-in waits for the same). Blocked windows are never scanned.
-_CLAIM_DUE = """
-SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
-FROM chat_windows w
-WHERE w.status = 'open' AND NOT w.blocked
-  AND w.due_at <= clock_timestamp()
-  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
-ORDER BY w.due_at
-LIMIT $1
-FOR UPDATE OF w SKIP LOCKED
-"""
-
-_NEXT_DUE = """
-SELECT extract(epoch FROM w.due_at - clock_timestamp())::float8
-FROM chat_windows w
-WHERE w.status = 'open' AND NOT w.blocked
-  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
-ORDER BY w.due_at
-LIMIT 1
-"""
-
-# The windows' messages in platform order (chatq_order), with each one's running count
-# and text length, for the cap on what one job carries.
-_WINDOW_MESSAGES = """
-SELECT wm.window_id, o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at,
-       row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars
-FROM window_messages wm JOIN operations o ON o.id = wm.operation_id
-WHERE wm.window_id = ANY($1::uuid[])
-WINDOW w AS (PARTITION BY wm.window_id ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
-ORDER BY wm.window_id, n
-"""
-
-#: SQLSTATE classes of errors that belong to one window's data (a constraint it breaks, a
-#: value it holds), not to the database or the connection: that window is set aside.
-_DATA_ERRORS = ("22", "23")
-
-
 class KeyedLocks:
     """One FIFO lock per key, dropped when nobody holds or waits for it."""
 
@@ -158,7 +83,7 @@ class KeyedLocks:
 class Coalescer:
     def __init__(
         self,
-        pool: asyncpg.Pool,
+        store: asyncpg.Pool | WindowStore,
         policy: WindowPolicy,
         *,
         draw: Callable[[], float] | None = None,
@@ -167,7 +92,8 @@ class Coalescer:
         owner: str = "on-call",
         caps: JobCaps | None = None,
     ) -> None:
-        self._pool = pool
+        #: A pool is the Postgres store; the unit tests give the in-memory one.
+        self._store: WindowStore = PgWindowStore(store) if isinstance(store, asyncpg.Pool) else store
         self._policy = policy
         self._alerter = alerter
         self._owner = owner
@@ -202,34 +128,19 @@ class Coalescer:
         """Add the message to its chat's open window (opening one if needed), in one
         transaction. Returns None for a message already filed (a redelivery)."""
         key = inbound.chat_key
-        async with self._pool.acquire() as conn, conn.transaction():
+        async with self._store.transaction() as tx:
             # The chat's lock serialises its messages across replicas (windows of other
             # chats proceed in parallel); the rest is read under it.
-            row = one(await conn.fetchrow(_LOCK_CHAT_WINDOW, key, inbound.operation_id))
-            if row["duplicate"]:
+            chat = await tx.lock_chat(key, inbound.operation_id)
+            if chat.duplicate:
                 MESSAGES_FILED.labels(outcome="duplicate").inc()
                 return None
-            if not row["known"]:
+            if not chat.known:
                 raise Reject(f"operation {inbound.operation_id} is not in the inbox")
-            opened = row["id"] is None
-            window = on_message(None if opened else _window(row), row["now"], self._policy, self._draw)
-            window_id = uuid.uuid4() if opened else row["id"]
-            await conn.execute(
-                _FILE_OPENING if opened else _FILE_ADDING,
-                window_id,
-                inbound.operation_id,
-                window.last_at,
-                window.due_at,
-                window.message_count,
-                key,
-                *(
-                    (inbound.platform, inbound.account_id, inbound.chat_id, window.first_at,
-                     window.deadline_at, window.delay_seconds)
-                    if opened
-                    else ()
-                ),
-            )  # fmt: skip
-            await operation_state.file_waiting(conn, inbound.operation_id, key, window.due_at)
+            opened = chat.window_id is None
+            window = on_message(chat.window, chat.now, self._policy, self._draw)
+            window_id = uuid.uuid4() if chat.window_id is None else chat.window_id
+            await tx.file(window_id, inbound, window, opened=opened)
             fault_point("coalescer.before_commit")
         MESSAGES_FILED.labels(outcome="filed").inc()
         logger.info(
@@ -251,8 +162,7 @@ class Coalescer:
         except ValueError:
             return
         why = f"could not be filed in its chat's window ({kind}): {reason}"
-        async with self._pool.acquire() as conn:
-            changed = await operation_state.fail_unfiled(conn, operation_id, why, self._owner)
+        changed = await self._store.fail_unfiled(operation_id, why, self._owner)
         if not changed:
             return
         metrics.OPERATIONS.labels(outcome="failed").inc()
@@ -283,71 +193,56 @@ class Coalescer:
         gives the rest of its messages, in order, to the chat's next window. One window
         whose rows Postgres refuses (a constraint it breaks) is set aside alone: its
         messages fail with the reason, for a person, and the other windows go out."""
-        async with self._pool.acquire() as conn, conn.transaction():
-            due = await conn.fetch(_CLAIM_DUE, limit)
+        async with self._store.transaction() as tx:
+            due = await tx.claim_due(limit)
             if not due:
                 return 0
-            ids = [w["id"] for w in due]
+            ids = [w.id for w in due]
             messages: dict[uuid.UUID, list[JobMessage]] = {i: [] for i in ids}
             overflow: dict[uuid.UUID, list[uuid.UUID]] = {}
-            for m in await conn.fetch(_WINDOW_MESSAGES, ids):
-                if m["n"] > 1 and (m["n"] > self._caps.messages or m["chars"] > self._caps.chars):
-                    overflow.setdefault(m["window_id"], []).append(m["id"])
+            for m in await tx.messages(ids):
+                if m.n > 1 and (m.n > self._caps.messages or m.chars > self._caps.chars):
+                    overflow.setdefault(m.window_id, []).append(m.message.operation_id)
                     continue
-                messages[m["window_id"]].append(
-                    JobMessage(
-                        operation_id=m["id"],
-                        message_id=m["message_id"],
-                        author_id=m["author_id"],
-                        text=m["text"],
-                        sent_at=m["sent_at"],
-                        received_at=m["received_at"],
-                    )
-                )
-            now: datetime = await conn.fetchval("SELECT clock_timestamp()")
-            empty = [w["id"] for w in due if not messages[w["id"]]]
+                messages[m.window_id].append(m.message)
+            now = await tx.now()
+            empty = [w.id for w in due if not messages[w.id]]
             if empty:
-                await conn.execute("DELETE FROM chat_windows WHERE id = ANY($1::uuid[])", empty)
+                await tx.drop(empty)
                 logger.info("closed %d empty window(s) without a job", len(empty))
             # A window past the cap keeps the rest of its messages and stays open (blocked
             # by this job); the part answered now gets a closed window of its own.
-            parts = {w["id"]: uuid.uuid4() if w["id"] in overflow else w["id"] for w in due}
+            parts = {w.id: uuid.uuid4() if w.id in overflow else w.id for w in due}
             jobs = [
                 ReplyJob(
-                    job_id=job_id_for(parts[w["id"]]),
-                    window_id=parts[w["id"]],
-                    platform=w["platform"],
-                    account_id=w["account_id"],
-                    chat_id=w["chat_id"],
-                    messages=tuple(messages[w["id"]]),
+                    job_id=job_id_for(parts[w.id]),
+                    window_id=parts[w.id],
+                    platform=w.platform,
+                    account_id=w.account_id,
+                    chat_id=w.chat_id,
+                    messages=tuple(messages[w.id]),
                     created_at=now,
                 )
                 for w in due
-                if messages[w["id"]]
+                if messages[w.id]
             ]
             split = {part: window for window, part in parts.items() if part != window}
             try:
-                async with conn.transaction():
-                    await self._write_jobs(conn, jobs, split, now)
-            except asyncpg.PostgresError as exc:
-                if (getattr(exc, "sqlstate", None) or "")[:2] not in _DATA_ERRORS:
-                    raise
+                await tx.write_jobs(jobs, split, now)
+            except Refused:
                 # One window's rows are refused: write them one by one, so that window
                 # alone is set aside and every other chat gets its reply.
                 written = []
                 for job in jobs:
                     try:
-                        async with conn.transaction():
-                            await self._write_jobs(conn, [job], split, now)
+                        await tx.write_jobs([job], split, now)
                         written.append(job)
-                    except asyncpg.PostgresError as one:
-                        if (getattr(one, "sqlstate", None) or "")[:2] not in _DATA_ERRORS:
-                            raise
-                        await self._set_aside(conn, job, one)
+                    except Refused as refused:
+                        await self._set_aside(tx, job, refused)
                 jobs = written
         fault_point("coalescer.after_emit")
         for w in due:
-            EMISSION_LAG.observe(max((now - w["due_at"]).total_seconds(), 0.0))
+            EMISSION_LAG.observe(max((now - w.due_at).total_seconds(), 0.0))
         JOBS_EMITTED.inc(len(jobs))
         for j in jobs:
             logger.info(
@@ -365,108 +260,11 @@ class Coalescer:
             self._on_jobs_emitted()
         return len(due)
 
-    async def _write_jobs(
-        self, conn: Conn, jobs: list[ReplyJob], split: dict[uuid.UUID, uuid.UUID], now: datetime
-    ) -> None:
-        """The jobs, their windows closed, their operations pointed at them, their outbox
-        rows. A job in ``split`` (its window id -> the window it came from) answers part of
-        a window past the cap: its part gets a closed window of its own, and the window it
-        came from stays open with the rest, due now and blocked by this job (never a new
-        open window: filing, under the chat's lock, may be waiting for this one)."""
-        if not jobs:
-            return
-        parts = [j for j in jobs if j.window_id in split]
-        if parts:
-            await conn.execute(
-                """
-                INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
-                                          deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
-                SELECT v.part, w.chat_key, w.platform, w.account_id, w.chat_id, 'closed', w.first_at, w.last_at,
-                       w.deadline_at, w.due_at, w.delay_seconds, v.kept, $4, v.job_id
-                FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $5::int[]) AS v(part, window_id, job_id, kept)
-                JOIN chat_windows w ON w.id = v.window_id
-                """,
-                [j.window_id for j in parts],
-                [split[j.window_id] for j in parts],
-                [j.job_id for j in parts],
-                now,
-                [len(j.messages) for j in parts],
-            )
-            await conn.execute(
-                """
-                UPDATE window_messages wm SET window_id = v.part
-                FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, part)
-                WHERE wm.operation_id = v.operation_id
-                """,
-                [m.operation_id for j in parts for m in j.messages],
-                [j.window_id for j in parts for _ in j.messages],
-            )
-            await conn.execute(
-                """
-                UPDATE chat_windows w SET message_count = w.message_count - v.kept, due_at = $2,
-                       deadline_at = greatest(w.deadline_at, $2), blocked = true
-                FROM unnest($1::uuid[], $3::int[]) AS v(window_id, kept)
-                WHERE w.id = v.window_id
-                """,
-                [split[j.window_id] for j in parts],
-                now,
-                [len(j.messages) for j in parts],
-            )
-        await conn.executemany(
-            """
-            INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
-                                    operation_ids, created_at, updated_at)
-            VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $8)
-            """,
-            [
-                (j.job_id, j.window_id, j.chat_key, j.platform, j.account_id, j.chat_id,
-                 [m.operation_id for m in j.messages], now)
-                for j in jobs
-            ],
-        )  # fmt: skip
-        whole = [j for j in jobs if j.window_id not in split]
-        await conn.execute(
-            """
-            UPDATE chat_windows w SET status = 'closed', closed_at = $3, job_id = v.job_id
-            FROM unnest($1::uuid[], $2::uuid[]) AS v(window_id, job_id)
-            WHERE w.id = v.window_id
-            """,
-            [j.window_id for j in whole],
-            [j.job_id for j in whole],
-            now,
-        )
-        await operation_state.assign_jobs(
-            conn,
-            [m.operation_id for j in jobs for m in j.messages],
-            [j.job_id for j in jobs for _ in j.messages],
-            now,
-        )
-        await enqueue_many(
-            conn,
-            [
-                OutboxMessage(
-                    exchange=JOBS_EXCHANGE,
-                    routing_key=JOB_ROUTING_KEY,
-                    message_id=str(j.job_id),
-                    ordering_key=j.chat_key,
-                    body=j.to_bytes(),
-                )
-                for j in jobs
-            ],
-        )
-
-    async def _set_aside(self, conn: Conn, job: ReplyJob, error: asyncpg.PostgresError) -> None:
+    async def _set_aside(self, tx: WindowSession, job: ReplyJob, refused: Refused) -> None:
         """A window Postgres refuses to emit: its messages fail with the reason (a person
         may retry them) and the window goes, so the chat is not held by it."""
-        reason = f"its window could not be emitted ({type(error).__name__}: {error})"[:500]
-        ids = [m.operation_id for m in job.messages]
-        await conn.execute("DELETE FROM window_messages WHERE operation_id = ANY($1::uuid[])", ids)
-        await conn.execute(
-            "DELETE FROM chat_windows w WHERE w.id = $1 AND NOT EXISTS "
-            "(SELECT 1 FROM window_messages wm WHERE wm.window_id = w.id)",
-            job.window_id,
-        )
-        failed = await operation_state.fail(conn, ids, reason, self._owner)
+        reason = f"its window could not be emitted ({refused})"[:500]
+        failed = await tx.set_aside(job, reason, self._owner)
         metrics.OPERATIONS.labels(outcome="failed").inc(len(failed))
         logger.error(
             "window %s of %s set aside: %s",
@@ -497,8 +295,7 @@ class Coalescer:
         while not self._stopping:
             self._wake.clear()
             try:
-                # Chats whose seller hold ran out go on (an index of the chats held now).
-                await self._pool.fetchval("SELECT chatq_unblock_expired_holds()")
+                await self._store.unblock_expired_holds()
                 while await self.emit_due(batch) == batch and not self._stopping:
                     pass
                 wait = await self.seconds_to_next_due()
@@ -517,21 +314,9 @@ class Coalescer:
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
 
     async def seconds_to_next_due(self) -> float | None:
-        seconds: float | None = await self._pool.fetchval(_NEXT_DUE)
-        return seconds
+        return await self._store.seconds_to_next_due()
 
     async def refresh_stats(self) -> int:
-        n = await self._pool.fetchval("SELECT count(*) FROM chat_windows WHERE status = 'open'")
+        n = await self._store.open_windows()
         OPEN_WINDOWS.set(n)
-        return int(n)
-
-
-def _window(row: asyncpg.Record) -> Window:
-    return Window(
-        first_at=row["first_at"],
-        last_at=row["last_at"],
-        deadline_at=row["deadline_at"],
-        due_at=row["due_at"],
-        delay_seconds=row["delay_seconds"],
-        message_count=row["message_count"],
-    )
+        return n

@@ -67,15 +67,7 @@ class JobSweeper:
                     continue  # a responder is working on it right now
                 await conn.execute("SELECT pg_advisory_unlock($1)", key)
                 messages = tuple(
-                    JobMessage(
-                        operation_id=m["id"],
-                        message_id=m["message_id"],
-                        author_id=m["author_id"],
-                        text=m["text"],
-                        sent_at=m["sent_at"],
-                        received_at=m["received_at"],
-                    )
-                    for m in await conn.fetch(_MESSAGES, job["operation_ids"])
+                    JobMessage.from_row(m) for m in await conn.fetch(_MESSAGES, job["operation_ids"])
                 )
                 wire = ReplyJob(
                     job_id=job["id"],

@@ -10,18 +10,15 @@ import uuid
 from collections.abc import Sequence
 from contextlib import AbstractAsyncContextManager
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Protocol
 
+from shared.messages import Row
 from shared.state.job import DeliveryStatus
 
 from .idempotency import Job, Part, Reconcile, Settled, Skip
 from .platforms.base import Attempts
 
-
-class Row(Protocol):
-    """A row read by column name (an asyncpg Record, or a dict in a fake)."""
-
-    def __getitem__(self, key: str, /) -> Any: ...
+__all__ = ["JobSession", "JobStorage", "Row"]
 
 
 class JobSession(Protocol):

@@ -1,0 +1,386 @@
+"""What the coalescer needs from its state, as Protocols: ``WindowStore`` (the store) and
+``WindowSession`` (one transaction: filing one message, or emitting due windows).
+``PgWindowStore`` is the Postgres implementation, proven by the integration tests
+(test_coalescer.py, test_chat_identity.py, test_takeover.py); ``tests/fakes/windows.py``
+is an in-memory one under the same operation transition table (shared/state), on which
+the filing and emission decisions of ``service.Coalescer`` run as unit tests."""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import uuid
+from collections.abc import AsyncIterator, Mapping, Sequence
+from contextlib import AbstractAsyncContextManager
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Protocol
+
+import asyncpg
+
+from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE
+from shared.db import Conn, one
+from shared.messages import InboundMessage, JobMessage, Platform, ReplyJob
+from shared.outbox import OutboxMessage, enqueue_many
+from shared.state import operation as operation_state
+
+from .windows import Window
+
+
+@dataclass(frozen=True)
+class ChatState:
+    """What filing reads under the chat's lock: whether the message is a duplicate for
+    the coalescer (filed already, or past queued), whether it is in the inbox, the
+    database clock, and the chat's open window (None when there is none)."""
+
+    duplicate: bool
+    known: bool
+    now: datetime
+    window_id: uuid.UUID | None
+    window: Window | None
+
+
+@dataclass(frozen=True)
+class DueWindow:
+    id: uuid.UUID
+    chat_key: str
+    platform: Platform
+    account_id: str
+    chat_id: str
+    due_at: datetime
+
+
+@dataclass(frozen=True)
+class Listed:
+    """A due window's message in platform order, with the window's running count and
+    text length up to it (for the cap on what one job carries)."""
+
+    window_id: uuid.UUID
+    message: JobMessage
+    n: int
+    chars: int
+
+
+class Refused(Exception):
+    """The store refused one batch of jobs for its data (a constraint a window's rows
+    break, a value they hold), not for the database or the connection. Nothing of the
+    batch was written."""
+
+    def __init__(self, error: Exception) -> None:
+        super().__init__(f"{type(error).__name__}: {error}")
+        self.error = error
+
+
+class WindowSession(Protocol):
+    """One transaction of the coalescer's."""
+
+    async def lock_chat(self, chat_key: str, operation_id: uuid.UUID) -> ChatState:
+        """Take the chat's lock (its messages are filed one at a time across replicas)."""
+        ...
+
+    async def file(
+        self, window_id: uuid.UUID, inbound: InboundMessage, window: Window, *, opened: bool
+    ) -> None:
+        """Write the window (opened, or moved on), the message in it, and the operation
+        waiting."""
+        ...
+
+    async def claim_due(self, limit: int) -> list[DueWindow]:
+        """Due, unblocked windows no earlier message of their chat is in transit for,
+        locked (other replicas skip them)."""
+        ...
+
+    async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]: ...
+
+    async def now(self) -> datetime: ...
+
+    async def drop(self, window_ids: Sequence[uuid.UUID]) -> None:
+        """Windows left empty close without a job."""
+        ...
+
+    async def write_jobs(
+        self, jobs: Sequence[ReplyJob], split: Mapping[uuid.UUID, uuid.UUID], now: datetime
+    ) -> None:
+        """The jobs, their windows closed, their operations pointed at them, their outbox
+        rows; all or nothing (raises Refused). A job in ``split`` (its window id -> the
+        window it came from) answers part of a window past the cap: its part gets a
+        closed window of its own, and the window it came from stays open with the rest,
+        due now and blocked by this job."""
+        ...
+
+    async def set_aside(self, job: ReplyJob, reason: str, owner: str) -> list[uuid.UUID]:
+        """A job whose rows were refused: its messages fail with the reason (for a person)
+        and its window goes. Returns the operations that failed."""
+        ...
+
+
+class WindowStore(Protocol):
+    def transaction(self) -> AbstractAsyncContextManager[WindowSession]: ...
+
+    async def fail_unfiled(self, operation_id: uuid.UUID, reason: str, owner: str) -> bool: ...
+
+    async def unblock_expired_holds(self) -> None: ...
+
+    async def seconds_to_next_due(self) -> float | None: ...
+
+    async def open_windows(self) -> int: ...
+
+
+_LOCK_CHAT_WINDOW = "SELECT * FROM chatq_lock_chat_window($1, $2)"
+
+# Filing writes the window (opened, or moved on) and the message in it in one statement;
+# the operation's status and record follow (shared/state/operation.file_waiting).
+_FILED = """
+INSERT INTO window_messages (operation_id, window_id) SELECT $2, id FROM w
+"""
+
+# A window opened while its chat has a reply job in flight, or while the seller holds the
+# chat, is blocked until that ends (the chat's lock, held here, serialises this with the
+# job's end and the hold's: 40_windows_blocked.sql).
+_FILE_OPENING = (
+    """
+WITH w AS (
+    INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                              deadline_at, due_at, delay_seconds, message_count, blocked)
+    VALUES ($1, $6, $7, $8, $9, 'open', $10, $3, $11, $4, $12, $5, chatq_chat_blocked($6))
+    RETURNING id
+)
+"""
+    + _FILED
+)
+
+_FILE_ADDING = (
+    """
+WITH w AS (
+    UPDATE chat_windows SET last_at = $3, due_at = $4, message_count = $5 WHERE id = $1 AND chat_key = $6 RETURNING id
+)
+"""
+    + _FILED
+)
+
+# A window may close when it is due, not blocked (no job of its chat in flight: the
+# ready-windows index holds only these), and no message of its chat received before the
+# window's last one is still in transit (the SQL function says why; the responder's
+# fold-in waits for the same). Blocked windows are never scanned.
+_CLAIM_DUE = """
+SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
+FROM chat_windows w
+WHERE w.status = 'open' AND NOT w.blocked
+  AND w.due_at <= clock_timestamp()
+  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+ORDER BY w.due_at
+LIMIT $1
+FOR UPDATE OF w SKIP LOCKED
+"""
+
+_NEXT_DUE = """
+SELECT extract(epoch FROM w.due_at - clock_timestamp())::float8
+FROM chat_windows w
+WHERE w.status = 'open' AND NOT w.blocked
+  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+ORDER BY w.due_at
+LIMIT 1
+"""
+
+# The windows' messages in platform order (chatq_order), with each one's running count
+# and text length, for the cap on what one job carries.
+_WINDOW_MESSAGES = """
+SELECT wm.window_id, o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at,
+       row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars
+FROM window_messages wm JOIN operations o ON o.id = wm.operation_id
+WHERE wm.window_id = ANY($1::uuid[])
+WINDOW w AS (PARTITION BY wm.window_id ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
+ORDER BY wm.window_id, n
+"""
+
+#: SQLSTATE classes of errors that belong to one window's data (a constraint it breaks, a
+#: value it holds), not to the database or the connection.
+_DATA_ERRORS = ("22", "23")
+
+
+class PgWindowStore:
+    def __init__(self, pool: asyncpg.Pool) -> None:
+        self._pool = pool
+
+    @contextlib.asynccontextmanager
+    async def transaction(self) -> AsyncIterator[WindowSession]:
+        async with self._pool.acquire() as conn, conn.transaction():
+            yield PgWindowSession(conn)
+
+    async def fail_unfiled(self, operation_id: uuid.UUID, reason: str, owner: str) -> bool:
+        async with self._pool.acquire() as conn:
+            return await operation_state.fail_unfiled(conn, operation_id, reason, owner)
+
+    async def unblock_expired_holds(self) -> None:
+        # Chats whose seller hold ran out go on (an index of the chats held now).
+        await self._pool.fetchval("SELECT chatq_unblock_expired_holds()")
+
+    async def seconds_to_next_due(self) -> float | None:
+        seconds: float | None = await self._pool.fetchval(_NEXT_DUE)
+        return seconds
+
+    async def open_windows(self) -> int:
+        return int(await self._pool.fetchval("SELECT count(*) FROM chat_windows WHERE status = 'open'"))
+
+
+class PgWindowSession:
+    def __init__(self, conn: Conn) -> None:
+        self._conn = conn
+
+    async def lock_chat(self, chat_key: str, operation_id: uuid.UUID) -> ChatState:
+        row = one(await self._conn.fetchrow(_LOCK_CHAT_WINDOW, chat_key, operation_id))
+        window = None
+        if row["id"] is not None:
+            window = Window(**{f.name: row[f.name] for f in dataclasses.fields(Window)})
+        return ChatState(row["duplicate"], row["known"], row["now"], row["id"], window)
+
+    async def file(
+        self, window_id: uuid.UUID, inbound: InboundMessage, window: Window, *, opened: bool
+    ) -> None:
+        key = inbound.chat_key
+        await self._conn.execute(
+            _FILE_OPENING if opened else _FILE_ADDING,
+            window_id,
+            inbound.operation_id,
+            window.last_at,
+            window.due_at,
+            window.message_count,
+            key,
+            *(
+                (inbound.platform, inbound.account_id, inbound.chat_id, window.first_at,
+                 window.deadline_at, window.delay_seconds)
+                if opened
+                else ()
+            ),
+        )  # fmt: skip
+        await operation_state.file_waiting(self._conn, inbound.operation_id, key, window.due_at)
+
+    async def claim_due(self, limit: int) -> list[DueWindow]:
+        return [
+            DueWindow(w["id"], w["chat_key"], w["platform"], w["account_id"], w["chat_id"], w["due_at"])
+            for w in await self._conn.fetch(_CLAIM_DUE, limit)
+        ]
+
+    async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:
+        return [
+            Listed(
+                m["window_id"],
+                JobMessage.from_row(m),
+                m["n"],
+                m["chars"],
+            )
+            for m in await self._conn.fetch(_WINDOW_MESSAGES, list(window_ids))
+        ]
+
+    async def now(self) -> datetime:
+        now: datetime = await self._conn.fetchval("SELECT clock_timestamp()")
+        return now
+
+    async def drop(self, window_ids: Sequence[uuid.UUID]) -> None:
+        await self._conn.execute("DELETE FROM chat_windows WHERE id = ANY($1::uuid[])", list(window_ids))
+
+    async def write_jobs(
+        self, jobs: Sequence[ReplyJob], split: Mapping[uuid.UUID, uuid.UUID], now: datetime
+    ) -> None:
+        try:
+            async with self._conn.transaction():
+                await self._write_jobs(jobs, split, now)
+        except asyncpg.PostgresError as exc:
+            if (getattr(exc, "sqlstate", None) or "")[:2] not in _DATA_ERRORS:
+                raise
+            raise Refused(exc) from exc
+
+    async def _write_jobs(
+        self, jobs: Sequence[ReplyJob], split: Mapping[uuid.UUID, uuid.UUID], now: datetime
+    ) -> None:
+        if not jobs:
+            return
+        parts = [j for j in jobs if j.window_id in split]
+        if parts:
+            await self._conn.execute(
+                """
+                INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                                          deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
+                SELECT v.part, w.chat_key, w.platform, w.account_id, w.chat_id, 'closed', w.first_at, w.last_at,
+                       w.deadline_at, w.due_at, w.delay_seconds, v.kept, $4, v.job_id
+                FROM unnest($1::uuid[], $2::uuid[], $3::uuid[], $5::int[]) AS v(part, window_id, job_id, kept)
+                JOIN chat_windows w ON w.id = v.window_id
+                """,
+                [j.window_id for j in parts],
+                [split[j.window_id] for j in parts],
+                [j.job_id for j in parts],
+                now,
+                [len(j.messages) for j in parts],
+            )
+            await self._conn.execute(
+                """
+                UPDATE window_messages wm SET window_id = v.part
+                FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, part)
+                WHERE wm.operation_id = v.operation_id
+                """,
+                [m.operation_id for j in parts for m in j.messages],
+                [j.window_id for j in parts for _ in j.messages],
+            )
+            await self._conn.execute(
+                """
+                UPDATE chat_windows w SET message_count = w.message_count - v.kept, due_at = $2,
+                       deadline_at = greatest(w.deadline_at, $2), blocked = true
+                FROM unnest($1::uuid[], $3::int[]) AS v(window_id, kept)
+                WHERE w.id = v.window_id
+                """,
+                [split[j.window_id] for j in parts],
+                now,
+                [len(j.messages) for j in parts],
+            )
+        await self._conn.executemany(
+            """
+            INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
+                                    operation_ids, created_at, updated_at)
+            VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $8)
+            """,
+            [
+                (j.job_id, j.window_id, j.chat_key, j.platform, j.account_id, j.chat_id,
+                 [m.operation_id for m in j.messages], now)
+                for j in jobs
+            ],
+        )  # fmt: skip
+        whole = [j for j in jobs if j.window_id not in split]
+        await self._conn.execute(
+            """
+            UPDATE chat_windows w SET status = 'closed', closed_at = $3, job_id = v.job_id
+            FROM unnest($1::uuid[], $2::uuid[]) AS v(window_id, job_id)
+            WHERE w.id = v.window_id
+            """,
+            [j.window_id for j in whole],
+            [j.job_id for j in whole],
+            now,
+        )
+        await operation_state.assign_jobs(
+            self._conn,
+            [m.operation_id for j in jobs for m in j.messages],
+            [j.job_id for j in jobs for _ in j.messages],
+            now,
+        )
+        await enqueue_many(
+            self._conn,
+            [
+                OutboxMessage(
+                    exchange=JOBS_EXCHANGE,
+                    routing_key=JOB_ROUTING_KEY,
+                    message_id=str(j.job_id),
+                    ordering_key=j.chat_key,
+                    body=j.to_bytes(),
+                )
+                for j in jobs
+            ],
+        )
+
+    async def set_aside(self, job: ReplyJob, reason: str, owner: str) -> list[uuid.UUID]:
+        ids = [m.operation_id for m in job.messages]
+        await self._conn.execute("DELETE FROM window_messages WHERE operation_id = ANY($1::uuid[])", ids)
+        await self._conn.execute(
+            "DELETE FROM chat_windows w WHERE w.id = $1 AND NOT EXISTS "
+            "(SELECT 1 FROM window_messages wm WHERE wm.window_id = w.id)",
+            job.window_id,
+        )
+        return await operation_state.fail(self._conn, ids, reason, owner)
