@@ -27,6 +27,7 @@ GUARDED_SECRETS = (
     "alert_webhook_secret",
     "admin_token",
     "admin_token_previous",
+    "secrets_key",
 )
 MIN_SECRET_LENGTH = 16
 # What the example files and tutorials put where a secret goes (compared lower-case).
@@ -128,6 +129,14 @@ class Settings(BaseSettings):
     generic_reply_url: str | None = None
     generic_reply_secret: SecretStr | None = None
 
+    # Accounts as data (README "Many accounts"): the Fernet keys that encrypt the accounts'
+    # credentials in Postgres, comma-separated; the first encrypts, every one decrypts. Or a
+    # file holding them (read again at each refresh: a rotation needs no restart).
+    secrets_key: SecretStr | None = None
+    secrets_key_file: str | None = None
+    # How often each process reads the accounts again (a change also tells them at once).
+    accounts_refresh_seconds: float = Field(default=30.0, gt=0)
+
     # Reply logic
     llm_base_url: str | None = None
     llm_api_key: SecretStr | None = None
@@ -218,6 +227,16 @@ class Settings(BaseSettings):
         raw = v.get_secret_value()
         if not (1 <= len(raw) <= 256) or not all(c.isascii() and (c.isalnum() or c in "_-") for c in raw):
             raise ValueError("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ -")
+        return v
+
+    @field_validator("secrets_key")
+    @classmethod
+    def _secrets_keys_are_fernet_keys(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None:
+            return v
+        from shared.secretbox import parse_keys
+
+        parse_keys(v.get_secret_value())  # raises ValueError naming what is wrong, never the key
         return v
 
     @field_validator("telegram_chat_types")

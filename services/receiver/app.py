@@ -5,6 +5,7 @@ surface on two) until SIGTERM, then drains."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -20,6 +21,7 @@ from fastapi.responses import JSONResponse
 from prometheus_client import make_asgi_app
 
 from shared import metrics
+from shared.accounts import AccountRegistry, record_environment, record_seen
 from shared.broker.connection import BrokerConnection
 from shared.broker.topology import INBOUND_EXCHANGE, build_topology
 from shared.db import create_pool
@@ -46,6 +48,7 @@ class Runtime:
     broker: BrokerConnection
     relay: Relay | None
     relay_task: asyncio.Task[None] | None
+    accounts: AccountRegistry
     stats_task: asyncio.Task[None] | None = None
 
 
@@ -135,15 +138,32 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
 
 
 def _webhook_routes(settings: Settings) -> APIRouter:
+    """The webhooks: each account's own (Telegram ``/v1/webhooks/telegram/{bot id}`` with
+    its secret token, Avito ``/v1/webhooks/avito/{its path secret}``, generic
+    ``/v1/webhooks/generic/{account}`` signed with its secret), and the single paths of the
+    environment's account, as before. A delivery is stored under the account its path
+    authenticated and no other: a body naming another account is refused (403)."""
     generic_verifier = generic.verifier(_secret(settings.generic_webhook_secret))
     telegram_secret = _secret(settings.telegram_webhook_secret)
     avito_secret = _secret(settings.avito_webhook_secret)
     telegram_account = settings.telegram_account_id
     telegram_chat_types = settings.telegram_chat_type_set
     router = APIRouter()
+    seen: set[tuple[str, str]] = set()
+
+    def registry(request: Request) -> AccountRegistry:
+        runtime: Runtime = request.app.state.runtime
+        return runtime.accounts
 
     async def accept(request: Request, platform: str, intake: Intake) -> Stored:
-        stored = await store(request.app.state.pool, intake, hold_seconds=settings.takeover_seconds)
+        account = registry(request).get(platform, intake.account_id)
+        if account is None and intake.chat_id is not None and (platform, intake.account_id) not in seen:
+            # The environment's account, named by its first message (Avito's user id).
+            await record_seen(request.app.state.pool, platform, intake.account_id)
+            seen.add((platform, intake.account_id))
+        takeover = account.override("takeover_seconds") if account is not None else None
+        hold = settings.takeover_seconds if takeover is None else takeover
+        stored = await store(request.app.state.pool, intake, hold_seconds=hold)
         fault_point("receiver.after_commit")
         runtime: Runtime = request.app.state.runtime
         if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":
@@ -155,22 +175,53 @@ def _webhook_routes(settings: Settings) -> APIRouter:
         metrics.WEBHOOKS.labels(platform=platform, outcome=outcome).inc()
         return stored
 
-    @router.post("/v1/webhooks/telegram", openapi_extra=json_body(telegram.TelegramUpdate))
-    async def telegram_webhook(request: Request) -> JSONResponse:
+    def not_another_accounts(request: Request, platform: str, account_id: str) -> None:
+        """The environment's single path serves the environment's account(s) only: an
+        account added with its own credentials is reached on its own path."""
+        account = registry(request).get(platform, account_id)
+        if account is not None and account.source == "admin":
+            raise ApiError(
+                403,
+                "account_has_its_own_webhook",
+                f"{platform} account {account_id} has a webhook of its own",
+            )
+
+    async def telegram_update(request: Request, account_id: str) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("telegram"):
-            telegram.authenticate(telegram_secret, request.headers.get(telegram.SECRET_HEADER))
             data, raw = parse_json(await _json_body(request))
-            intake = telegram.normalise(data, raw, telegram_account, telegram_chat_types)
+            intake = telegram.normalise(data, raw, account_id, telegram_chat_types)
             stored = await accept(request, "telegram", intake)
         metrics.WEBHOOK_SECONDS.labels(platform="telegram").observe(time.perf_counter() - started)
         return JSONResponse(_ack(stored))
+
+    @router.post("/v1/webhooks/telegram", openapi_extra=json_body(telegram.TelegramUpdate))
+    async def telegram_webhook(request: Request) -> JSONResponse:
+        with _rejections("telegram"):
+            telegram.authenticate(telegram_secret, request.headers.get(telegram.SECRET_HEADER))
+            not_another_accounts(request, "telegram", telegram_account)
+        return await telegram_update(request, telegram_account)
+
+    @router.post("/v1/webhooks/telegram/{account_id}", openapi_extra=json_body(telegram.TelegramUpdate))
+    async def telegram_account_webhook(account_id: str, request: Request) -> JSONResponse:
+        with _rejections("telegram"):
+            account = registry(request).get("telegram", account_id)
+            if account is not None and account.owns_credentials:
+                expected = account.credentials.get("webhook_secret")
+            elif account_id == telegram_account and (account is None or not account.removed):
+                expected = telegram_secret  # the environment's bot, on its own path too
+            else:
+                raise ApiError(404, "account_not_found", f"no Telegram bot {account_id} here")
+            telegram.authenticate(expected, request.headers.get(telegram.SECRET_HEADER))
+        return await telegram_update(request, account_id)
 
     @router.post("/v1/webhooks/avito/{secret}", openapi_extra=json_body(avito.AvitoWebhook))
     async def avito_webhook(secret: str, request: Request) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("avito"):
-            avito.authenticate(avito_secret, secret)
+            account = registry(request).by_path_secret("avito", secret)
+            if account is None:
+                avito.authenticate(avito_secret, secret)
             # Any content type: Avito checks a subscription's URL with `curl -d '{}'` (form
             # content type, no payload) and wants a 200 within 2 s.
             data, raw = parse_json(await request.body())
@@ -178,23 +229,58 @@ def _webhook_routes(settings: Settings) -> APIRouter:
                 metrics.WEBHOOK_SECONDS.labels(platform="avito").observe(time.perf_counter() - started)
                 metrics.WEBHOOKS.labels(platform="avito", outcome="no_payload").inc()
                 return JSONResponse({"ok": True, "ignored": "no message payload: nothing to store"})
-            stored = await accept(request, "avito", avito.normalise(data, raw))
+            intake = avito.normalise(data, raw)
+            if account is None:
+                not_another_accounts(request, "avito", intake.account_id)
+            elif intake.account_id == "unknown":
+                intake = dataclasses.replace(intake, account_id=account.account_id)
+            elif intake.account_id != account.account_id:
+                raise ApiError(
+                    403,
+                    "wrong_account",
+                    f"this path is Avito account {account.account_id}'s; the body is for another account",
+                )
+            stored = await accept(request, "avito", intake)
         metrics.WEBHOOK_SECONDS.labels(platform="avito").observe(time.perf_counter() - started)
         return JSONResponse(_ack(stored))
 
-    @router.post("/v1/webhooks/generic", status_code=202, openapi_extra=json_body(generic.GenericMessage))
-    async def generic_webhook(request: Request) -> JSONResponse:
+    async def generic_message(request: Request, webhook: Any, account_id: str | None) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("generic"):
             body = await request.body()
-            webhook_id = generic.authenticate(generic_verifier, body, dict(request.headers))
+            webhook_id = generic.authenticate(webhook, body, dict(request.headers))
             _require_json(request)
             data, raw = parse_json(body)
-            stored = await accept(request, "generic", generic.normalise(data, raw, webhook_id))
+            intake = generic.normalise(data, raw, webhook_id)
+            if account_id is None:
+                not_another_accounts(request, "generic", intake.account_id)
+            elif intake.account_id != account_id:
+                raise ApiError(
+                    403, "wrong_account", f"this path is account {account_id}'s; the body names another"
+                )
+            stored = await accept(request, "generic", intake)
         metrics.WEBHOOK_SECONDS.labels(platform="generic").observe(time.perf_counter() - started)
         doc = _ack(stored)
         doc["status_url"] = f"/v1/operations/{stored.operation_id}"
         return JSONResponse(doc, status_code=202)
+
+    @router.post("/v1/webhooks/generic", status_code=202, openapi_extra=json_body(generic.GenericMessage))
+    async def generic_webhook(request: Request) -> JSONResponse:
+        return await generic_message(request, generic_verifier, None)
+
+    @router.post(
+        "/v1/webhooks/generic/{account_id}", status_code=202, openapi_extra=json_body(generic.GenericMessage)
+    )
+    async def generic_account_webhook(account_id: str, request: Request) -> JSONResponse:
+        with _rejections("generic"):
+            account = registry(request).get("generic", account_id)
+            if account is None or not account.owns_credentials:
+                raise ApiError(
+                    404, "account_not_found", f"no generic account {account_id} with its own secret"
+                )
+        return await generic_message(
+            request, generic.verifier(account.credentials.get("webhook_secret")), account_id
+        )
 
     return router
 
@@ -267,6 +353,9 @@ async def _start(settings: Settings) -> Runtime:
         "receiver", ["telegram", "avito", "generic", *(["sandbox"] if settings.sandbox_active else [])]
     )
     pool = await create_pool(dsn, size=settings.database_pool_size)
+    await record_environment(pool, settings)
+    accounts = AccountRegistry.from_settings(pool, settings)
+    await accounts.start()
     broker = BrokerConnection(
         settings.amqp_url.get_secret_value(),
         build_topology(settings.retry_delays()),
@@ -278,7 +367,12 @@ async def _start(settings: Settings) -> Runtime:
         relay = Relay.from_settings(pool, broker, settings, exchanges=[INBOUND_EXCHANGE])
         task = asyncio.create_task(relay.run(), name="outbox-relay")
     return Runtime(
-        pool, broker, relay, task, asyncio.create_task(_backlog_gauges(pool), name="backlog-gauges")
+        pool,
+        broker,
+        relay,
+        task,
+        accounts,
+        asyncio.create_task(_backlog_gauges(pool), name="backlog-gauges"),
     )
 
 
@@ -291,6 +385,7 @@ async def _stop(runtime: Runtime) -> None:
             await asyncio.wait_for(runtime.relay_task, timeout=10)
         except TimeoutError:
             runtime.relay_task.cancel()
+    await runtime.accounts.stop()
     await runtime.broker.close()
     await runtime.pool.close()
 

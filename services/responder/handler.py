@@ -26,6 +26,7 @@ from shared.retry import attempt_of
 from shared.settings import DEFAULT_GREETING
 from shared.state.job import DeliveryStatus
 
+from .accounts import AccountPlatforms, AccountWriters, FixedPlatforms, Unserved
 from .failures import Failure, Kind
 from .idempotency import Job, JobBusy, JobSession, JobStore, JobWithdrawn, Part, Reconcile, Skip
 from .llm import ReplyWriter, Turn
@@ -63,8 +64,8 @@ class Responder:
     def __init__(
         self,
         store: JobStore,
-        platforms: Mapping[str, Platform],
-        writer: ReplyWriter,
+        platforms: Mapping[str, Platform] | AccountPlatforms | FixedPlatforms,
+        writer: ReplyWriter | AccountWriters,
         alerter: Alerter,
         *,
         fold_max_rounds: int = 2,
@@ -73,8 +74,11 @@ class Responder:
         greeting: str = DEFAULT_GREETING,
     ) -> None:
         self._store = store
-        self._platforms = platforms
-        self._writer = writer
+        # Each account's own adapter and writer (services/responder/accounts.py); a plain
+        # mapping or writer serves every account alike.
+        self._platforms = FixedPlatforms(platforms) if isinstance(platforms, Mapping) else platforms
+        self._writers = writer if isinstance(writer, AccountWriters) else None
+        self._writer: ReplyWriter = writer.default if isinstance(writer, AccountWriters) else writer
         self._alerter = alerter
         self._fold_max_rounds = fold_max_rounds
         self._owner = review_owner
@@ -109,7 +113,11 @@ class Responder:
             )
             return
         job = state.job if isinstance(state, Reconcile) else state
-        platform = self._platforms.get(job.platform)
+        try:
+            platform = self._platforms.for_account(job.platform, job.account_id)
+        except Unserved as unserved:
+            await self._give_up(db, job.job_id, "permanent", str(unserved))
+            raise Reject(str(unserved)) from None
         if platform is None:
             await self._give_up(db, job.job_id, "permanent", f"{job.platform} replies are not configured")
             raise Reject(f"{job.platform} replies are not configured in this responder")
@@ -209,7 +217,8 @@ class Responder:
         history, batch = for_the_writer(job)
         if not batch:
             return self._greeting
-        return await self._writer.write(history, batch)
+        writer = self._writers.for_account(job.platform, job.account_id) if self._writers else self._writer
+        return await writer.write(history, batch)
 
     async def _failed(self, db: JobSession, job: Job, failure: Failure, *, stage: str) -> None:
         """A failure that left nothing on the platform: retry later, or give up for good."""
@@ -368,9 +377,14 @@ class Responder:
         the ones it accepts (their jobs go on at their next turn). One replica at a time.
         Returns how many were resumed."""
         resumed = 0
-        async with self._store.accounts_to_probe(sorted(self._platforms)) as due:
+        async with self._store.accounts_to_probe(self._platforms.names()) as due:
             for account in due:
-                platform = self._platforms[account["platform"]]
+                try:
+                    platform = self._platforms.for_account(account["platform"], account["account_id"])
+                except Unserved:
+                    platform = None
+                if platform is None:
+                    continue
                 try:
                     await platform.probe(account["account_id"])
                 except Failure as failure:
