@@ -6,11 +6,14 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
+from collections.abc import Callable
 
 import httpx
 
 from shared import metrics
+from shared.accounts import AccountRegistry
 from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer
@@ -40,12 +43,31 @@ def policy_from(settings: Settings) -> WindowPolicy:
     )
 
 
+def account_policies(settings: Settings, registry: AccountRegistry) -> Callable[[str, str], WindowPolicy]:
+    """Each account's window policy: the global one, with the account's reply pause range."""
+    default = policy_from(settings)
+
+    def policy_for(platform: str, account_id: str) -> WindowPolicy:
+        account = registry.get(platform, account_id)
+        low = account.override("reply_delay_min_seconds") if account else None
+        high = account.override("reply_delay_max_seconds") if account else None
+        if low is None and high is None:
+            return default
+        low = default.delay_min if low is None else low
+        high = max(low, default.delay_max if high is None else high)
+        return dataclasses.replace(default, delay_min=low, delay_max=high)
+
+    return policy_for
+
+
 async def run(settings: Settings, stop: asyncio.Event) -> None:
     dsn = settings.database_url.get_secret_value()
     if settings.migrate_on_start:
         await migrate_dsn(dsn)
     metrics.create_known_series("coalescer")
     pool = await create_pool(dsn, size=settings.database_pool_size)
+    registry = AccountRegistry.from_settings(pool, settings)
+    await registry.start()
     topology = build_topology(settings.retry_delays())
     amqp = settings.amqp_url.get_secret_value()
     # Separate connections: a consumer's flow control never blocks the relay's publishes.
@@ -56,6 +78,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     coalescer = Coalescer(
         pool,
         policy_from(settings),
+        policy_for=account_policies(settings, registry),
         on_jobs_emitted=relay.notify,
         alerter=Alerter(
             settings.alert_webhook_url,
@@ -138,5 +161,6 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     await http.aclose()
     await consume_broker.close()
     await relay_broker.close()
+    await registry.stop()
     await pool.close()
     logger.info("coalescer stopped")

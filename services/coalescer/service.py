@@ -180,9 +180,12 @@ class Coalescer:
         alerter: Alerter | None = None,
         owner: str = "on-call",
         caps: JobCaps | None = None,
+        policy_for: Callable[[str, str], WindowPolicy] | None = None,
     ) -> None:
         self._pool = pool
         self._policy = policy
+        # An account's own reply pause (its override), else ``policy``.
+        self._policy_for = policy_for or (lambda _platform, _account: policy)
         self._alerter = alerter
         self._owner = owner
         self._draw = draw or random.SystemRandom().random
@@ -226,7 +229,8 @@ class Coalescer:
             if not row["known"]:
                 raise Reject(f"operation {inbound.operation_id} is not in the inbox")
             opened = row["id"] is None
-            window = on_message(None if opened else _window(row), row["now"], self._policy, self._draw)
+            policy = self._policy_for(inbound.platform, inbound.account_id)
+            window = on_message(None if opened else _window(row), row["now"], policy, self._draw)
             window_id = uuid.uuid4() if opened else row["id"]
             await conn.execute(
                 _FILE_OPENING if opened else _FILE_ADDING,

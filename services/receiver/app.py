@@ -32,7 +32,7 @@ from shared.ops_http import OpsServer
 from shared.outbox import Relay
 from shared.settings import Settings
 
-from . import operations, pages, sandbox
+from . import accounts_api, operations, pages, sandbox
 from .errors import ApiError, install_error_handlers
 from .intake import Intake, Stored, parse_json, store
 from .limits import BodySizeLimit
@@ -103,7 +103,7 @@ class ReceiverApps:
 def create_app(settings: Settings) -> ReceiverApps:
     """The composition root: every route and part, built from the settings."""
     webhooks = _webhook_routes(settings)
-    admin_routes = [operations.router, sandbox.router, pages.router]
+    admin_routes = [operations.router, accounts_api.router, sandbox.router, pages.router]
     if settings.admin_port is None:
         app = _app(settings, [*admin_routes, webhooks, health], admin=True)
         return ReceiverApps(settings, public=app, admin=None)
@@ -128,6 +128,7 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
         t for t in (_secret(settings.admin_token), _secret(settings.admin_token_previous)) if t
     ]
     app.state.sandbox_active = settings.sandbox_active
+    app.state.settings = settings
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     for router in routers:
