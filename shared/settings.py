@@ -170,6 +170,9 @@ class Settings(BaseSettings):
     # When the seller answers a chat in person, the bot stays out of it this long (0: it
     # withdraws its pending replies but does not step back).
     takeover_seconds: float = Field(default=3600.0, ge=0)
+    # Fair share between accounts: the most reply jobs of one account emitted and not yet
+    # finished; its other due windows wait in Postgres (0: no limit). README "Many accounts".
+    account_jobs_in_flight: int = Field(default=16, ge=0, le=100_000)
     # An account the platform refused as a whole is asked again this often.
     account_probe_seconds: float = Field(default=60.0, gt=0)
 

@@ -79,6 +79,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         pool,
         policy_from(settings),
         policy_for=account_policies(settings, registry),
+        account_jobs=settings.account_jobs_in_flight,
         on_jobs_emitted=relay.notify,
         alerter=Alerter(
             settings.alert_webhook_url,

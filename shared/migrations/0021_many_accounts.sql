@@ -35,3 +35,7 @@ ALTER TABLE accounts
         source <> 'admin' OR removed_at IS NOT NULL OR credentials IS NOT NULL),
     ADD CONSTRAINT accounts_removed_have_no_credentials CHECK (
         removed_at IS NULL OR (credentials IS NULL AND webhook_key IS NULL));
+
+-- Fair share: each account's reply jobs emitted and unfinished, counted at each emission.
+CREATE INDEX reply_jobs_account_in_flight ON reply_jobs (platform, account_id)
+    WHERE status IN ('pending', 'processing');
