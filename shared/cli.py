@@ -271,6 +271,14 @@ def _account_text(a: dict[str, Any]) -> str:
 
 
 def _accounts(api: Api, args: argparse.Namespace) -> str:
+    if args.action == "rotate-key":
+        r = api.call("POST", "/v1/accounts/rotate-key")
+        left = (
+            f"; {len(r['unopened'])} no configured key opens: {', '.join(r['unopened'])}"
+            if r["unopened"]
+            else ""
+        )
+        return f"sealed {r['resealed']} account(s) again under the first SECRETS_KEY{left}"
     if args.action == "list":
         found = api.call("GET", "/v1/accounts", params={"removed": "true"} if args.removed else None)
         if args.json:
@@ -439,7 +447,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser(
         "accounts", help="the accounts this deployment answers for: add, list, show, pause, ..."
     )
-    s.add_argument("action", choices=["add", "list", "show", "pause", "resume", "remove"])
+    s.add_argument("action", choices=["add", "list", "show", "pause", "resume", "remove", "rotate-key"])
     s.add_argument(
         "account", nargs="?", help="PLATFORM:ACCOUNT_ID (Telegram: the bot id; Avito: the user_id)"
     )

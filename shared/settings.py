@@ -197,6 +197,8 @@ class Settings(BaseSettings):
     # Set: they move to this port and HTTP_PORT serves the webhooks and health checks only.
     admin_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_port: int = Field(default=9100, ge=0, le=65535)
+    # Per-account metrics (an `account` label: one series per account, so opt-in).
+    metrics_account_label: bool = False
 
     # Intake
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import uuid
@@ -126,18 +127,24 @@ WITH due AS (
     WHERE $2 > 0 AND r.status IN ('pending', 'processing')
       AND (r.platform, r.account_id) IN (SELECT DISTINCT platform, account_id FROM due)
     GROUP BY 1, 2
-), placed AS (
+), placed AS MATERIALIZED (
     SELECT d.id FROM (
-        SELECT d.id, d.platform, d.account_id,
+        SELECT d.id, d.platform, d.account_id, d.due_at,
                row_number() OVER (PARTITION BY d.platform, d.account_id ORDER BY d.due_at) AS place
         FROM due d
     ) d LEFT JOIN busy b USING (platform, account_id)
     WHERE $2 = 0 OR d.place + coalesce(b.n, 0) <= $2
+    ORDER BY d.due_at
+    LIMIT $1 * 2
+), ready AS MATERIALIZED (
+    -- The in-transit check (a query each) only for the few placed windows.
+    SELECT w.id FROM placed p JOIN chat_windows w ON w.id = p.id
+    WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
 )
 SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
-FROM chat_windows w JOIN placed p ON p.id = w.id
-WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
-  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+FROM chat_windows w
+WHERE w.id IN (SELECT id FROM ready)
+  AND w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
 ORDER BY w.due_at
 LIMIT $1
 FOR UPDATE OF w SKIP LOCKED
@@ -256,11 +263,16 @@ class Coalescer:
                 raise Reject(f"operation {inbound.operation_id} is not in the inbox")
             opened = row["id"] is None
             policy = self._policy_for(inbound.platform, inbound.account_id)
-            # The window's times count from the message's receipt (Postgres' clock, as
+            # The window's pause counts from the message's receipt (Postgres' clock, as
             # ``now``), not from this filing: a message filed late (behind another
             # account's flood in the inbound queue) waits that much less.
             at = min(row["now"], inbound.received_at)
             window = on_message(None if opened else _window(row), at, policy, self._draw)
+            # Yet it waits QUIET_SECONDS after this filing (never past its deadline): the
+            # buyer's next messages, right behind this one in a backlog, join it.
+            floor = min(row["now"] + timedelta(seconds=policy.quiet), window.deadline_at)
+            if window.due_at < floor:
+                window = dataclasses.replace(window, due_at=floor)
             window_id = uuid.uuid4() if opened else row["id"]
             await conn.execute(
                 _FILE_OPENING if opened else _FILE_ADDING,

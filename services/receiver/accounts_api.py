@@ -226,6 +226,37 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
     return view
 
 
+@router.post("/v1/accounts/rotate-key")
+async def rotate_key(request: Request) -> dict[str, Any]:
+    """Seal every account's credentials again under the first SECRETS_KEY (after a new key
+    was put first), so the old key can then be dropped."""
+    require_admin(request)
+    registry = _registry(request)
+    if not registry.box.configured:
+        raise ApiError(409, "no_secrets_key", "set CHATQ_SECRETS_KEY on every service first")
+    pool: asyncpg.Pool = request.app.state.pool
+    resealed, unopened = 0, []
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(
+            "SELECT platform, account_id, credentials FROM accounts WHERE credentials IS NOT NULL FOR UPDATE"
+        )
+        for r in rows:
+            try:
+                token = registry.box.rotate(r["credentials"])
+            except SecretsUnavailable:
+                unopened.append(f"{r['platform']}:{r['account_id']}")
+                continue
+            await conn.execute(
+                "UPDATE accounts SET credentials = $3 WHERE platform = $1 AND account_id = $2",
+                r["platform"],
+                r["account_id"],
+                token,
+            )
+            resealed += 1
+    await registry.refresh()
+    return {"resealed": resealed, "unopened": unopened}
+
+
 @router.get("/v1/accounts")
 async def list_accounts(
     request: Request, platform: str | None = None, removed: bool = False

@@ -52,14 +52,19 @@ class Runtime:
     stats_task: asyncio.Task[None] | None = None
 
 
-async def _backlog_gauges(pool: asyncpg.Pool, interval: float = 10.0) -> None:
-    """chatq_backlog and chatq_oldest_unfinished_age_seconds, from Postgres."""
+async def _backlog_gauges(pool: asyncpg.Pool, interval: float = 10.0, *, per_account: bool = False) -> None:
+    """chatq_backlog and chatq_oldest_unfinished_age_seconds, from Postgres; with
+    METRICS_ACCOUNT_LABEL, chatq_account_backlog too."""
     while True:
         try:
             stats = await operations.collect_stats(pool)
             for state, b in stats["backlog"].items():
                 metrics.BACKLOG.labels(state=state).set(b["count"])
                 metrics.OLDEST_UNFINISHED.labels(state=state).set(b["oldest_age_seconds"])
+            if per_account:
+                metrics.ACCOUNT_BACKLOG.clear()
+                for (platform, account), n in (await operations.account_numbers(pool)).items():
+                    metrics.ACCOUNT_BACKLOG.labels(platform=platform, account=account).set(n["backlog"])
         except Exception as exc:
             logger.debug("backlog gauges not refreshed: %s", exc)
         await asyncio.sleep(interval)
@@ -174,6 +179,10 @@ def _webhook_routes(settings: Settings) -> APIRouter:
             "duplicate" if stored.duplicate else ("ignored" if stored.status == "ignored" else "accepted")
         )
         metrics.WEBHOOKS.labels(platform=platform, outcome=outcome).inc()
+        if settings.metrics_account_label:
+            metrics.ACCOUNT_WEBHOOKS.labels(
+                platform=platform, account=intake.account_id, outcome=outcome
+            ).inc()
         return stored
 
     def not_another_accounts(request: Request, platform: str, account_id: str) -> None:
@@ -373,7 +382,9 @@ async def _start(settings: Settings) -> Runtime:
         relay,
         task,
         accounts,
-        asyncio.create_task(_backlog_gauges(pool), name="backlog-gauges"),
+        asyncio.create_task(
+            _backlog_gauges(pool, per_account=settings.metrics_account_label), name="backlog-gauges"
+        ),
     )
 
 

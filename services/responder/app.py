@@ -81,6 +81,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         review_owner=settings.review_owner,
         account_probe_seconds=settings.account_probe_seconds,
         greeting=settings.greeting,
+        account_metrics=settings.metrics_account_label,
     )
     consumer = Consumer(
         consume_broker,

@@ -18,6 +18,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from prometheus_client import Counter
 from pydantic import ValidationError
 
+from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.consumer import Reject, RetryLater
 from shared.faults import fault_point
@@ -72,7 +73,9 @@ class Responder:
         review_owner: str = "on-call",
         account_probe_seconds: float = 60.0,
         greeting: str = DEFAULT_GREETING,
+        account_metrics: bool = False,
     ) -> None:
+        self._account_metrics = account_metrics
         self._store = store
         # Each account's own adapter and writer (services/responder/accounts.py); a plain
         # mapping or writer serves every account alike.
@@ -181,6 +184,8 @@ class Responder:
         fault_point("responder.after_send")
         await db.record_sent(job, text, last)
         fault_point("responder.after_record")
+        if self._account_metrics:
+            metrics.ACCOUNT_REPLIES.labels(platform=job.platform, account=job.account_id).inc()
         logger.info(
             "job %s replied in %s with %d message(s) in %d part(s) (attempt %d)",
             job.job_id,

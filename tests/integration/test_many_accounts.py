@@ -280,3 +280,18 @@ async def test_an_accounts_own_reply_pause_sets_its_windows_and_the_others_keep_
             assert (await p.settled(op))["status"] == "replied"
     delays = dict(await pool.fetch("SELECT platform, delay_seconds FROM chat_windows"))
     assert delays == {"avito": 1.5, "telegram": 0.0}
+
+
+async def test_rotating_the_secrets_key_reseals_every_account_and_the_old_key_can_go(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    new = Fernet.generate_key().decode()
+    async with running(keyed, pool, SHOP2):
+        pass
+    rotated = replace(keyed, secrets_key=f"{new},{KEY}")
+    async with running(rotated, pool) as p:
+        r = await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)
+        assert r.json() == {"resealed": 1, "unopened": []}
+    async with running(replace(keyed, secrets_key=new), pool) as p:
+        r = await p.client.post(SHOP2_PATH, json=avito_webhook("k-1", user_id=888, chat_id="k"))
+        assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
