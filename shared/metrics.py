@@ -88,6 +88,11 @@ ACCOUNT_BACKLOG = Gauge(
     "Unfinished operations of each account with any (METRICS_ACCOUNT_LABEL only).",
     ["platform", "account"],
 )
+RECOVERED_MESSAGES = Counter(
+    "chatq_recovered_messages_total",
+    "Messages a poll found that no webhook had brought, stored through the webhook's intake, by platform.",
+    ["platform"],
+)
 RETENTION_PURGED = Counter(
     "chatq_retention_purged_total", "Finished rows deleted by the retention rule, by table.", ["table"]
 )
@@ -113,6 +118,8 @@ def create_known_series(service: str, platforms: Iterable[str] = ()) -> None:
             for outcome in WEBHOOK_OUTCOMES:
                 WEBHOOKS.labels(platform=platform, outcome=outcome)
         WEBHOOKS.labels(platform="avito", outcome="no_payload")
+        RECOVERED_MESSAGES.labels(platform="avito")
+        RETRIES.labels(reason="person")
     elif service == "coalescer":
         OPERATIONS.labels(outcome="failed")
         DEAD_LETTERS.labels(queue="chatq.coalescer.dead")

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.answered import MARK_ANSWERED
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 from shared.messages import InboundMessage, chat_key
+from shared.metrics import RETRIES
 from shared.outbox import OutboxMessage, enqueue_many
 from shared.state import account as account_state
 from shared.state import operation as operation_state
@@ -233,6 +234,8 @@ async def retry_operation(
                 for r in retried
             ],
         )
+    # A person's retry is one of the day's Retries too (chatq_retries_total{reason="person"}).
+    RETRIES.labels(reason="person").inc(len(ids))
     runtime = request.app.state.runtime
     if runtime.relay is not None:
         runtime.relay.notify()
@@ -448,11 +451,19 @@ async def collect_stats(
 ) -> dict[str, Any]:
     # Without an account: the whole deployment. With one: its operations only.
     scope = "($2::text IS NULL OR {o}.platform = $2) AND ($3::text IS NULL OR {o}.account_id = $3)"
-    backlog = {s: {"count": 0, "oldest_age_seconds": 0.0} for s in (*UNFINISHED, *ACTIONABLE)}
+    # A message waiting in a chat the seller holds is not late: the bot steps back on
+    # purpose for up to TAKEOVER_SECONDS. It is counted apart ("held"), out of the Backlog
+    # and its Oldest unfinished, so a long hold never pages anyone.
+    backlog = {s: {"count": 0, "oldest_age_seconds": 0.0} for s in (*UNFINISHED, *ACTIONABLE, "held")}
     for r in await pool.fetch(
         f"""
-        SELECT status, count(*) AS n, extract(epoch FROM now() - min(received_at))::float8 AS oldest
-        FROM operations o WHERE status = ANY($1::text[]) AND {scope.format(o="o")} GROUP BY status
+        SELECT CASE WHEN o.status = 'waiting' AND EXISTS (
+                    SELECT 1 FROM chats c
+                    WHERE c.chat_key = chatq_chat_key(o.platform, o.account_id, o.chat_id)
+                      AND c.held_until > now())
+               THEN 'held' ELSE o.status END AS status,
+               count(*) AS n, extract(epoch FROM now() - min(o.received_at))::float8 AS oldest
+        FROM operations o WHERE o.status = ANY($1::text[]) AND {scope.format(o="o")} GROUP BY 1
         """,
         [*UNFINISHED, *ACTIONABLE],
         platform,
@@ -565,12 +576,15 @@ async def timeline(pool: asyncpg.Pool, operation_id: uuid.UUID) -> list[dict[str
         "SELECT at, kind, actor, detail, job_id FROM operation_events WHERE operation_id = $1 ORDER BY id",
         operation_id,
     )
+    # A give-up is decided by the service; its actor is the person it is handed to.
+    handed = ("failed", "needs_review")
     return [
         {
             "at": _iso(r["at"]),
             "kind": r["kind"],
             "event": r["detail"] or EVENT_WORDS.get(r["kind"], r["kind"]),
-            "by": r["actor"],
+            "by": None if r["kind"] in handed else r["actor"],
+            "for": r["actor"] if r["kind"] in handed else None,
             "job_id": str(r["job_id"]) if r["job_id"] else None,
         }
         for r in rows

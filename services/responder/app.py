@@ -27,6 +27,7 @@ from shared.settings import Settings
 from .accounts import AccountPlatforms, AccountWriters, build_environment_platforms, build_writer
 from .handler import Responder
 from .idempotency import JobStore
+from .listings import Listings
 from .platforms.base import Platform
 from .ratelimit import AccountRateLimiter
 
@@ -45,7 +46,10 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         await migrate_dsn(dsn)
     pool = await create_pool(dsn, size=settings.database_connections("responder"))
     if settings.shutdown_grace_seconds < settings.worst_case_job_seconds():
-        logger.warning(
+        # Worth a warning where SIGTERM comes from an orchestrator; on a developer's
+        # machine (make run, Ctrl-C) it is only a fact.
+        logger.log(
+            logging.WARNING if settings.env == "production" else logging.INFO,
             "SHUTDOWN_GRACE_SECONDS=%g is shorter than the longest job (%.0f s): a SIGTERM may cut a "
             "send mid-flight and leave it for a person (needs_review)",
             settings.shutdown_grace_seconds,
@@ -82,6 +86,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         account_probe_seconds=settings.account_probe_seconds,
         greeting=settings.greeting,
         account_metrics=settings.metrics_account_label,
+        listings=Listings(pool, platforms),
     )
     consumer = Consumer(
         consume_broker,
