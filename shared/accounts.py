@@ -217,6 +217,9 @@ class AccountRegistry:
             except Exception as exc:  # the database away: keep the accounts known
                 logger.warning("accounts not refreshed: %s", exc)
 
+    async def aclose(self) -> None:
+        await self.stop()
+
     async def stop(self) -> None:
         if self._task is not None:
             self._task.cancel()

@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
 import asyncpg
 import httpx
@@ -337,7 +337,7 @@ def _detail(response: httpx.Response) -> str:
     return str(err.get("message", err) if isinstance(err, dict) else err)[:200]
 
 
-def _is_time(value: object) -> bool:
+def _is_time(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
@@ -365,7 +365,7 @@ def since_last_answer(
         if item.get("direction") == "out" or str(item.get("author_id")) == account_id:
             return found[::-1], True
         created = item.get("created")
-        if not _is_time(created) or not isinstance(item.get("id"), str) or not item["id"]:
+        if not isinstance(created, int | float) or not _is_time(created) or not item.get("id"):
             continue
         if created < since:
             return found[::-1], True
