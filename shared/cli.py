@@ -376,7 +376,8 @@ def _connect(_: Api | None, args: argparse.Namespace) -> str:
         token = args.settings.admin_token.get_secret_value() if args.settings.admin_token else None
         api = Api(args.settings.admin_base_url, token)
         ref = _account_ref(f"{args.platform}:{args.account}")
-        return api.call("POST", f"/v1/accounts/{ref}/connect", json={"disconnect": args.disconnect})["text"]
+        answer = api.call("POST", f"/v1/accounts/{ref}/connect", json={"disconnect": args.disconnect})
+        return str(answer["text"])
 
     connect = connect_telegram if args.platform == "telegram" else connect_avito
 

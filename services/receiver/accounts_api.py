@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field, field_validator, model_valida
 
 from shared.accounts import CREDENTIALS, OVERRIDES, REQUIRED, AccountRegistry, path_key
 from shared.connect import ConnectError, connect_avito, connect_telegram
+from shared.db import one
 from shared.secretbox import SecretsUnavailable
 from shared.settings import Settings
 
@@ -95,7 +96,8 @@ class PauseIn(BaseModel):
 
 
 def _registry(request: Request) -> AccountRegistry:
-    return request.app.state.runtime.accounts
+    registry: AccountRegistry = request.app.state.runtime.accounts
+    return registry
 
 
 def webhook_path(platform: str, account_id: str) -> str:
@@ -222,7 +224,7 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
             raise ApiError(409, "webhook_secret_taken", "another account has this webhook secret") from None
     await registry.refresh()
     view = account_view(await _row(pool, body.platform, body.account_id), sorted(credentials))
-    view["created"] = bool(row["created"]) or (old is not None and old["removed_at"] is not None)
+    view["created"] = bool(one(row)["created"]) or (old is not None and old["removed_at"] is not None)
     return view
 
 
