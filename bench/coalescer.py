@@ -76,6 +76,7 @@ async def measure(args: argparse.Namespace, db_url: str, amqp_url: str) -> dict[
             "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) "
             + _CLAIM_DUE.replace("clock_timestamp()", "now() + interval '3 hours'"),
             args.batch,
+            0,  # no fair share
         )
         plan_text = "\n".join(
             r[0]
@@ -83,6 +84,7 @@ async def measure(args: argparse.Namespace, db_url: str, amqp_url: str) -> dict[
                 "EXPLAIN (ANALYZE, BUFFERS) "
                 + _CLAIM_DUE.replace("clock_timestamp()", "now() + interval '3 hours'"),
                 args.batch,
+                0,
             )
         )
         await conn.execute(MAKE_DUE, args.due, args.spread)

@@ -27,6 +27,7 @@ GUARDED_SECRETS = (
     "alert_webhook_secret",
     "admin_token",
     "admin_token_previous",
+    "secrets_key",
 )
 MIN_SECRET_LENGTH = 16
 # What the example files and tutorials put where a secret goes (compared lower-case).
@@ -137,6 +138,14 @@ class Settings(BaseSettings):
     generic_reply_url: str | None = None
     generic_reply_secret: SecretStr | None = None
 
+    # Accounts as data (README "Many accounts"): the Fernet keys that encrypt the accounts'
+    # credentials in Postgres, comma-separated; the first encrypts, every one decrypts. Or a
+    # file holding them (read again at each refresh: a rotation needs no restart).
+    secrets_key: SecretStr | None = None
+    secrets_key_file: str | None = None
+    # How often each process reads the accounts again (a change also tells them at once).
+    accounts_refresh_seconds: float = Field(default=30.0, gt=0)
+
     # Reply logic
     llm_base_url: str | None = None
     llm_api_key: SecretStr | None = None
@@ -170,6 +179,9 @@ class Settings(BaseSettings):
     # When the seller answers a chat in person, the bot stays out of it this long (0: it
     # withdraws its pending replies but does not step back).
     takeover_seconds: float = Field(default=3600.0, ge=0)
+    # Fair share between accounts: the most reply jobs of one account emitted and not yet
+    # finished; its other due windows wait in Postgres (0: no limit). README "Many accounts".
+    account_jobs_in_flight: int = Field(default=16, ge=0, le=100_000)
     # An account the platform refused as a whole is asked again this often.
     account_probe_seconds: float = Field(default=60.0, gt=0)
 
@@ -194,6 +206,8 @@ class Settings(BaseSettings):
     # Set: they move to this port and HTTP_PORT serves the webhooks and health checks only.
     admin_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_port: int = Field(default=9100, ge=0, le=65535)
+    # Per-account metrics (an `account` label: one series per account, so opt-in).
+    metrics_account_label: bool = False
 
     # Intake
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
@@ -238,6 +252,16 @@ class Settings(BaseSettings):
             "CHATQ_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ - (Telegram's rule "
             f"for setWebhook's secret_token); {what}. {GENERATE_HINT}"
         )
+
+    @field_validator("secrets_key")
+    @classmethod
+    def _secrets_keys_are_fernet_keys(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None:
+            return v
+        from shared.secretbox import parse_keys
+
+        parse_keys(v.get_secret_value())  # raises ValueError naming what is wrong, never the key
+        return v
 
     @field_validator("telegram_chat_types")
     @classmethod

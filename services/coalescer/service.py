@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import uuid
@@ -91,10 +92,16 @@ class Coalescer:
         alerter: Alerter | None = None,
         owner: str = "on-call",
         caps: JobCaps | None = None,
+        policy_for: Callable[[str, str], WindowPolicy] | None = None,
+        account_jobs: int = 0,
     ) -> None:
+        #: Fair share: the most unfinished reply jobs one account has emitted (0: no limit).
+        self._account_jobs = account_jobs
         #: A pool is the Postgres store; the unit tests give the in-memory one.
         self._store: WindowStore = PgWindowStore(store) if isinstance(store, asyncpg.Pool) else store
         self._policy = policy
+        # An account's own reply pause (its override), else ``policy``.
+        self._policy_for = policy_for or (lambda _platform, _account: policy)
         self._alerter = alerter
         self._owner = owner
         self._draw = draw or random.SystemRandom().random
@@ -138,7 +145,17 @@ class Coalescer:
             if not chat.known:
                 raise Reject(f"operation {inbound.operation_id} is not in the inbox")
             opened = chat.window_id is None
-            window = on_message(chat.window, chat.now, self._policy, self._draw)
+            policy = self._policy_for(inbound.platform, inbound.account_id)
+            # The window's pause counts from the message's receipt (Postgres' clock, as
+            # ``now``), not from this filing: a message filed late (behind another
+            # account's flood in the inbound queue) waits that much less.
+            at = min(chat.now, inbound.received_at)
+            window = on_message(chat.window, at, policy, self._draw)
+            # Yet it waits QUIET_SECONDS after this filing (never past its deadline): the
+            # buyer's next messages, right behind this one in a backlog, join it.
+            floor = min(chat.now + timedelta(seconds=policy.quiet), window.deadline_at)
+            if window.due_at < floor:
+                window = dataclasses.replace(window, due_at=floor)
             window_id = uuid.uuid4() if chat.window_id is None else chat.window_id
             await tx.file(window_id, inbound, window, opened=opened)
             fault_point("coalescer.before_commit")
@@ -194,7 +211,7 @@ class Coalescer:
         whose rows Postgres refuses (a constraint it breaks) is set aside alone: its
         messages fail with the reason, for a person, and the other windows go out."""
         async with self._store.transaction() as tx:
-            due = await tx.claim_due(limit)
+            due = await tx.claim_due(limit, self._account_jobs)
             if not due:
                 return 0
             ids = [w.id for w in due]

@@ -85,9 +85,11 @@ class WindowSession(Protocol):
         waiting."""
         ...
 
-    async def claim_due(self, limit: int) -> list[DueWindow]:
+    async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
         """Due, unblocked windows no earlier message of their chat is in transit for,
-        locked (other replicas skip them)."""
+        locked (other replicas skip them). ``account_jobs`` > 0: an account's share, the
+        most unfinished reply jobs it may have (its earliest due windows fill its free
+        places; the rest wait)."""
         ...
 
     async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]: ...
@@ -162,21 +164,50 @@ WITH w AS (
 # ready-windows index holds only these), and no message of its chat received before the
 # window's last one is still in transit (the SQL function says why; the responder's
 # fold-in waits for the same). Blocked windows are never scanned.
+#
+# Fair share ($2 > 0, ACCOUNT_JOBS_IN_FLIGHT): an account with $2 reply jobs emitted and
+# unfinished gets no more until some finish; its other due windows wait here, in order,
+# instead of queueing ahead of every other account's jobs. Each account's earliest due
+# windows fill its free places.
 _CLAIM_DUE = """
+WITH due AS (
+    SELECT w.id, w.platform, w.account_id, w.due_at FROM chat_windows w
+    WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
+), busy AS (
+    SELECT r.platform, r.account_id, count(*) AS n FROM reply_jobs r
+    WHERE $2 > 0 AND r.status IN ('pending', 'processing')
+      AND (r.platform, r.account_id) IN (SELECT DISTINCT platform, account_id FROM due)
+    GROUP BY 1, 2
+), placed AS MATERIALIZED (
+    SELECT d.id FROM (
+        SELECT d.id, d.platform, d.account_id, d.due_at,
+               row_number() OVER (PARTITION BY d.platform, d.account_id ORDER BY d.due_at) AS place
+        FROM due d
+    ) d LEFT JOIN busy b USING (platform, account_id)
+    WHERE $2 = 0 OR d.place + coalesce(b.n, 0) <= $2
+    ORDER BY d.due_at
+    LIMIT $1 * 2
+), ready AS MATERIALIZED (
+    -- The in-transit check (a query each) only for the few placed windows.
+    SELECT w.id FROM placed p JOIN chat_windows w ON w.id = p.id
+    WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+)
 SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
 FROM chat_windows w
-WHERE w.status = 'open' AND NOT w.blocked
-  AND w.due_at <= clock_timestamp()
-  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+WHERE w.id IN (SELECT id FROM ready)
+  AND w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
 ORDER BY w.due_at
 LIMIT $1
 FOR UPDATE OF w SKIP LOCKED
 """
 
+# The next window to fall due. Windows already due but not emitted (their account at its
+# fair share, a message of their chat in transit, another replica holding them) are
+# looked at again at the next poll: counting them here would spin the scheduler.
 _NEXT_DUE = """
 SELECT extract(epoch FROM w.due_at - clock_timestamp())::float8
 FROM chat_windows w
-WHERE w.status = 'open' AND NOT w.blocked
+WHERE w.status = 'open' AND NOT w.blocked AND w.due_at > clock_timestamp()
   AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
 ORDER BY w.due_at
 LIMIT 1
@@ -255,10 +286,10 @@ class PgWindowSession:
         )  # fmt: skip
         await operation_state.file_waiting(self._conn, inbound.operation_id, key, window.due_at)
 
-    async def claim_due(self, limit: int) -> list[DueWindow]:
+    async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
         return [
             DueWindow(w["id"], w["chat_key"], w["platform"], w["account_id"], w["chat_id"], w["due_at"])
-            for w in await self._conn.fetch(_CLAIM_DUE, limit)
+            for w in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs)
         ]
 
     async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:

@@ -86,6 +86,7 @@ class InMemoryWindows:
         text: str = "hello",
         *,
         platform: Platform = "telegram",
+        account_id: str = "bot",
         message_id: str | None = None,
         sent_at: datetime | None = None,
     ) -> InboundMessage:
@@ -95,7 +96,7 @@ class InMemoryWindows:
         inbound = InboundMessage(
             operation_id=uuid.uuid4(),
             platform=platform,
-            account_id="bot",
+            account_id=account_id,
             chat_id=chat_id,
             message_id=message_id or str(n),
             author_id="buyer",
@@ -149,7 +150,8 @@ class InMemoryWindows:
         return None
 
     async def seconds_to_next_due(self) -> float | None:
-        ready = [w for w in self._claimable()]
+        # Windows due already but not emitted are looked at again at the next poll.
+        ready = [w for w in self._claimable() if w.window.due_at > self.clock]
         if not ready:
             return None
         return (min(w.window.due_at for w in ready) - self.clock).total_seconds()
@@ -234,11 +236,25 @@ class _Session:
         kind = "held" if key in self._store.held else "filed"
         self._s.events.append((inbound.operation_id, kind, None))
 
-    async def claim_due(self, limit: int) -> list[DueWindow]:
+    async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
         due = sorted(
             (w for w in self._store._claimable() if w.window.due_at <= self._store.clock),
             key=lambda w: w.window.due_at,
         )
+        if account_jobs > 0:
+            # Fair share: an account's unfinished jobs, then its earliest due windows,
+            # fill its places; the rest wait.
+            places: dict[tuple[str, str], int] = {}
+            for j in self._s.in_flight:
+                account = (self._s.jobs[j].platform, self._s.jobs[j].account_id)
+                places[account] = places.get(account, 0) + 1
+            fair = []
+            for w in due:
+                account = (w.platform, w.account_id)
+                places[account] = places.get(account, 0) + 1
+                if places[account] <= account_jobs:
+                    fair.append(w)
+            due = fair
         return [
             DueWindow(w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.window.due_at) for w in due
         ][:limit]

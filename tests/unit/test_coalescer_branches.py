@@ -229,3 +229,30 @@ class Delivery:
 
     def __init__(self, m: InboundMessage) -> None:
         self.message_id = str(m.operation_id)
+
+
+async def test_an_account_at_its_fair_share_waits_while_another_accounts_window_goes_out(
+    store: InMemoryWindows,
+) -> None:
+    c = Coalescer(store, POLICY, draw=lambda: 0.0, account_jobs=1)
+    first, second = store.receive(chat_id="a1"), store.receive(chat_id="a2")
+    other = store.receive(chat_id="b1", account_id="shop")
+    for m in (first, second, other):
+        await c.file(m)
+    store.advance(5)
+    await c.emit_due()
+    assert sorted(j.chat_key for j in store.state.outbox) == sorted([first.chat_key, other.chat_key])
+    store.end_job(next(j.job_id for j in store.state.outbox if j.chat_key == first.chat_key))
+    await c.emit_due()
+    assert store.state.outbox[-1].chat_key == second.chat_key
+
+
+async def test_a_message_filed_late_counts_its_pause_from_receipt_yet_waits_quiet_seconds_after_filing(
+    store: InMemoryWindows,
+) -> None:
+    m = store.receive()
+    store.advance(4)  # behind a backlog in the inbound queue
+    filed = await coalescer(store).file(m)
+    assert filed is not None
+    # From receipt the reply is due at 5 s; the buyer's next messages get QUIET (2 s) more.
+    assert filed.due_at == store.clock + timedelta(seconds=2)
