@@ -8,24 +8,21 @@ import hmac
 import re
 import uuid
 from datetime import UTC, datetime
-from typing import Any, Literal
+from typing import Any
 
 import asyncpg
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
-from shared.answered import MARK_ANSWERED
-from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
-from shared.db import Conn, one
-from shared.messages import InboundMessage, chat_key
+from shared.db import one
 from shared.metrics import RETRIES
-from shared.outbox import OutboxMessage, enqueue_many
 from shared.state import account as account_state
-from shared.state import job as job_state
 from shared.state import operation as operation_state
 from shared.state.operation import OperationStatus
 
+from . import commands
 from .errors import ApiError
+from .stores import PgOperationStore
 
 STATUSES = tuple(s.value for s in OperationStatus)
 UNFINISHED = tuple(s.value for s in operation_state.UNFINISHED)
@@ -147,123 +144,31 @@ class RetryRequest(BaseModel):
 async def retry_operation(
     operation_id: str, request: Request, resend: bool = False, body: RetryRequest | None = None
 ) -> dict[str, Any]:
-    """Put a failed operation (with the rest of its reply job) back to work through the
-    outbox. A needs_review operation's reply may already be in the chat: it is put back
-    only with ``resend=true``, the person's confirmation that sending again is right, and
-    that confirmation is recorded. A message a sent reply already covers is never
-    answered again."""
+    """Put a failed operation (with the rest of its reply job) back to work; a
+    needs_review one only with ``resend=true`` (commands.retry)."""
     require_admin(request)
     op_id = _parse_id(operation_id)
     who = body or RetryRequest()
-    pool: asyncpg.Pool = request.app.state.pool
-    async with pool.acquire() as conn, conn.transaction():
-        row = await _lock_actionable(conn, op_id, "not_retryable", "retried")
-        if row["status"] == "needs_review" and not resend:
-            raise ApiError(
-                409,
-                "resend_not_confirmed",
-                "the reply to this message may already be in the chat (the send's outcome is unknown): "
-                "check the chat, then resolve it, or retry with resend=true to send a reply again",
-            )
-        # Same lock as the coalescer's filing: the chat's windows do not move meanwhile.
-        await conn.execute(
-            "SELECT pg_advisory_xact_lock(hashtextextended($1, 0))",
-            chat_key(row["platform"], row["account_id"], row["chat_id"]),
-        )
-        # The rest of its reply job goes back with it: the job's messages in the same state
-        # and still the job's own (a message listed on the job but settled by another, say
-        # needs_review elsewhere, is not this person's decision).
-        siblings = [
-            r["id"]
-            for r in await conn.fetch(
-                """
-                SELECT id FROM operations
-                WHERE id = ANY($1::uuid[]) AND status = $2 AND (id = $3 OR job_id = $4)
-                """,
-                list(row["operation_ids"] or [op_id]),
-                row["status"],
-                op_id,
-                row["job_id"],
-            )
-        ]
-        retried = await operation_state.retry(conn, siblings)
-        ids = [r["id"] for r in retried]
-        await conn.execute("DELETE FROM window_messages WHERE operation_id = ANY($1::uuid[])", ids)
-        # A failed job gave its messages back already; a needs_review job kept them until
-        # this confirmed re-send, which supersedes it.
-        await conn.execute("DELETE FROM reply_coverage WHERE operation_id = ANY($1::uuid[])", ids)
-        if row["job_id"] is not None and row["status"] == "needs_review":
-            await job_state.supersede_for_resend(conn, row["job_id"], who.by)
-        await operation_state.record_event(
-            conn,
-            ids,
-            "retried",
-            actor=who.by,
-            detail=("re-send confirmed" if row["status"] == "needs_review" else "retried")
-            + f" by {who.by}"
-            + (f": {who.note}" if who.note else ""),
-            job_id=row["job_id"],
-        )
-        await enqueue_many(
-            conn,
-            [
-                OutboxMessage(
-                    exchange=INBOUND_EXCHANGE,
-                    routing_key=inbound_routing_key(r["platform"]),
-                    message_id=str(r["id"]),
-                    ordering_key=chat_key(r["platform"], r["account_id"], r["chat_id"]),
-                    operation_id=r["id"],
-                    body=InboundMessage(
-                        operation_id=r["id"],
-                        platform=r["platform"],
-                        account_id=r["account_id"],
-                        chat_id=r["chat_id"],
-                        message_id=r["message_id"],
-                        author_id=r["author_id"],
-                        text=r["text"],
-                        sent_at=r["sent_at"] or r["received_at"],
-                        received_at=r["received_at"],
-                    ).to_bytes(),
-                )
-                for r in retried
-            ],
-        )
+    done = await commands.retry(
+        PgOperationStore(request.app.state.pool), op_id, resend=resend, by=who.by, note=who.note
+    )
     # A person's retry is one of the day's Retries too (chatq_retries_total{reason="person"}).
-    RETRIES.labels(reason="person").inc(len(ids))
+    RETRIES.labels(reason="person").inc(len(done.retried))
     runtime = request.app.state.runtime
     if runtime.relay is not None:
         runtime.relay.notify()
     return {
         "operation_id": str(op_id),
         "status": "accepted",
-        "retried": [str(i) for i in ids],
-        "resend": row["status"] == "needs_review",
+        "retried": [str(i) for i in done.retried],
+        "resend": done.resend,
     }
-
-
-async def _lock_actionable(conn: Conn, op_id: uuid.UUID, code: str, verb: str) -> asyncpg.Record:
-    """Lock a failed or needs_review operation (404 if missing, 409 if in another state)."""
-    row = await conn.fetchrow(
-        """
-        SELECT o.status, o.platform, o.account_id, o.chat_id, o.job_id, j.operation_ids, j.chat_key
-        FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
-        WHERE o.id = $1 FOR UPDATE OF o
-        """,
-        op_id,
-    )
-    if row is None:
-        raise ApiError(404, "operation_not_found", f"no operation {op_id}")
-    if row["status"] not in ACTIONABLE:
-        raise ApiError(
-            409, code, f"only failed or needs_review operations can be {verb}; this one is {row['status']}"
-        )
-    return row
 
 
 class Resolution(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
-    resolution: Literal["replied_manually", "dismissed"]
+    resolution: commands.Resolution
     owner: str = Field(min_length=1, max_length=200)
     note: str = Field(default="", max_length=2000)
 
@@ -273,33 +178,14 @@ async def resolve_operation(operation_id: str, body: Resolution, request: Reques
     """A person closes a failed or needs_review operation (and the rest of its job)."""
     require_admin(request)
     op_id = _parse_id(operation_id)
-    pool: asyncpg.Pool = request.app.state.pool
-    status = "replied" if body.resolution == "replied_manually" else "ignored"
-    verb = "replied manually" if body.resolution == "replied_manually" else "dismissed"
-    reason = f"{verb} by {body.owner}" + (f": {body.note}" if body.note else "")
-    async with pool.acquire() as conn, conn.transaction():
-        row = await _lock_actionable(conn, op_id, "not_resolvable", "resolved")
-        resolved = await operation_state.resolve(
-            conn,
-            list(row["operation_ids"] or [op_id]),
-            OperationStatus(status),
-            reason=reason,
-            resolution=body.resolution,
-            by=body.owner,
-            note=body.note or None,
-        )
-        await operation_state.record_event(
-            conn,
-            [r["id"] for r in resolved],
-            "resolved",
-            actor=body.owner,
-            detail=reason,
-            job_id=row["job_id"],
-        )
-        if body.resolution == "replied_manually" and row["job_id"] is not None and resolved:
-            # A person answered: the chat's history must know.
-            await conn.execute(MARK_ANSWERED, row["chat_key"], [r["id"] for r in resolved], row["job_id"])
-    return {"operation_id": str(op_id), "status": status, "resolved": [str(r["id"]) for r in resolved]}
+    done = await commands.resolve(
+        PgOperationStore(request.app.state.pool), op_id, body.resolution, owner=body.owner, note=body.note
+    )
+    return {
+        "operation_id": str(op_id),
+        "status": done.status.value,
+        "resolved": [str(i) for i in done.resolved],
+    }
 
 
 @router.get("/v1/chats")
