@@ -34,7 +34,8 @@ from shared.outbox import Relay
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
 
-from . import accounts_api, operations, pages, sandbox
+from . import accounts_api, pages, sandbox
+from . import admin as admin_api
 from .errors import ApiError, install_error_handlers
 from .intake import Intake, Stored, parse_json, store
 from .limits import BodySizeLimit
@@ -60,13 +61,13 @@ class Runtime:
 async def _refresh_backlog_gauges(pool: asyncpg.Pool, *, per_account: bool = False) -> None:
     """chatq_backlog and chatq_oldest_unfinished_age_seconds, from Postgres; with
     METRICS_ACCOUNT_LABEL, chatq_account_backlog too."""
-    stats = await operations.collect_stats(pool)
+    stats = await admin_api.collect_stats(pool)
     for state, b in stats["backlog"].items():
         metrics.BACKLOG.labels(state=state).set(b["count"])
         metrics.OLDEST_UNFINISHED.labels(state=state).set(b["oldest_age_seconds"])
     if per_account:
         metrics.ACCOUNT_BACKLOG.clear()
-        for (platform, account), n in (await operations.account_numbers(pool)).items():
+        for (platform, account), n in (await admin_api.account_numbers(pool)).items():
             metrics.ACCOUNT_BACKLOG.labels(platform=platform, account=account).set(n["backlog"])
 
 
@@ -138,7 +139,7 @@ class ReceiverApps:
 def create_app(settings: Settings) -> ReceiverApps:
     """The composition root: every route and part, built from the settings."""
     webhooks = _webhook_routes(settings)
-    admin_routes = [operations.router, accounts_api.router, sandbox.router, pages.router]
+    admin_routes = [admin_api.router, accounts_api.router, sandbox.router, pages.router]
     if settings.admin_port is None:
         app = _app(settings, [*admin_routes, webhooks, health], admin=True)
         return ReceiverApps(settings, public=app, admin=None)

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from services.receiver.stores import Closing, Locked, OperationSession
+from services.receiver.admin.stores import Closing, Locked, OperationSession
 from shared.messages import InboundMessage
 from shared.state import job as job_state
 from shared.state import operation as operation_state

@@ -9,7 +9,7 @@ import uuid
 
 import pytest
 
-from services.receiver import commands
+from services.receiver.admin import commands
 from services.receiver.errors import ApiError
 from shared.state.job import JobStatus
 from shared.state.operation import OperationStatus

@@ -11,7 +11,7 @@ from typing import Literal
 from shared.state import operation as operation_state
 from shared.state.operation import OperationStatus
 
-from .errors import ApiError
+from ..errors import ApiError
 from .stores import Closing, Locked, OperationSession, OperationStore
 
 Resolution = Literal["replied_manually", "dismissed"]

@@ -1,28 +1,19 @@
-"""The admin API (design section 5): an operation's status in words a person reads,
-lists, retry, resolve and the seller's numbers. Bearer ADMIN_TOKEN compared in constant
-time; no token configured means the admin API is off."""
+"""The admin API's read side: an operation's document and record, lists, the held chats
+and the seller's numbers, each read with its own SQL (no store in between: these are
+views, and the SQL is the clearest statement of what they show)."""
 
 from __future__ import annotations
 
-import hmac
-import re
 import uuid
 from datetime import UTC, datetime
 from typing import Any
 
 import asyncpg
-from fastapi import APIRouter, Request
-from pydantic import BaseModel, ConfigDict, Field
 
 from shared.db import one
-from shared.metrics import RETRIES
 from shared.state import account as account_state
 from shared.state import operation as operation_state
 from shared.state.operation import OperationStatus
-
-from . import commands
-from .errors import ApiError
-from .stores import PgOperationStore
 
 STATUSES = tuple(s.value for s in OperationStatus)
 UNFINISHED = tuple(s.value for s in operation_state.UNFINISHED)
@@ -49,20 +40,6 @@ def status_text(status: str, reason: str | None, replied_at: datetime | None = N
     return f"{text}: {reason}" if reason else text
 
 
-def require_admin(request: Request) -> None:
-    accepted: list[str] = request.app.state.admin_tokens
-    if not accepted:
-        raise ApiError(404, "admin_api_disabled", "the admin API is off: set CHATQ_ADMIN_TOKEN")
-    header = request.headers.get("authorization", "")
-    scheme, _, presented = header.partition(" ")
-    # Every accepted token is compared, so the time taken does not tell which one matched.
-    matches = [hmac.compare_digest(presented.strip().encode(), token.encode()) for token in accepted]
-    if scheme.lower() != "bearer" or not any(matches):
-        raise ApiError(401, "unauthorized", "missing or wrong bearer token")
-
-
-router = APIRouter()
-
 _SELECT = """
 SELECT o.id, o.platform, o.account_id, o.chat_id, o.message_id, o.author_id, o.text, o.sent_at,
        o.status, o.status_reason, o.received_at, o.updated_at, o.resolution, o.resolved_by, o.resolved_at,
@@ -74,52 +51,18 @@ LEFT JOIN chats c ON c.chat_key = chatq_chat_key(o.platform, o.account_id, o.cha
 """
 
 
-def _parse_id(operation_id: str) -> uuid.UUID:
-    try:
-        return uuid.UUID(operation_id)
-    except ValueError:
-        raise ApiError(400, "bad_operation_id", "operation ids are UUIDs") from None
-
-
-@router.get("/v1/operations/{operation_id}")
-async def get_operation(operation_id: str, request: Request) -> dict[str, Any]:
-    require_admin(request)
-    op_id = _parse_id(operation_id)
-    pool: asyncpg.Pool = request.app.state.pool
+async def operation(pool: asyncpg.Pool, op_id: uuid.UUID) -> dict[str, Any] | None:
+    """One operation's document with its record (None: there is none)."""
     row = await pool.fetchrow(_SELECT + " WHERE o.id = $1", op_id)
     if row is None:
-        raise ApiError(404, "operation_not_found", f"no operation {op_id}")
+        return None
     doc = operation_document(row)
     doc["timeline"] = await timeline(pool, op_id)
     return doc
 
 
-_DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
-
-
-def parse_age(value: str) -> float:
-    """'90', '90s', '15m', '2h', '1d' -> seconds."""
-    match = _DURATION.match(value.strip())
-    if not match:
-        raise ApiError(
-            400, "bad_older_than", "older_than is seconds or a number with s, m, h or d (e.g. 15m)"
-        )
-    return float(match[1]) * {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}[match[2]]
-
-
-@router.get("/v1/operations")
-async def list_operations(
-    request: Request, status: str | None = None, older_than: str | None = None, limit: int = 50
-) -> dict[str, Any]:
-    require_admin(request)
-    if not 1 <= limit <= 1000:
-        raise ApiError(400, "bad_limit", "limit is between 1 and 1000")
-    statuses = [s.strip() for s in status.split(",")] if status else list(STATUSES)
-    unknown = [s for s in statuses if s not in STATUSES]
-    if unknown:
-        raise ApiError(400, "bad_status", f"unknown status {unknown[0]!r}; one of {', '.join(STATUSES)}")
-    age = parse_age(older_than) if older_than else 0.0
-    pool: asyncpg.Pool = request.app.state.pool
+async def operations(pool: asyncpg.Pool, statuses: list[str], age: float, limit: int) -> dict[str, Any]:
+    """The newest operations in ``statuses`` received at least ``age`` seconds ago."""
     rows = await pool.fetch(
         _SELECT
         + """
@@ -133,69 +76,9 @@ async def list_operations(
     return {"operations": [operation_document(r) for r in rows], "count": len(rows)}
 
 
-class RetryRequest(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    by: str = Field(default="admin", min_length=1, max_length=200)
-    note: str = Field(default="", max_length=2000)
-
-
-@router.post("/v1/operations/{operation_id}/retry", status_code=202)
-async def retry_operation(
-    operation_id: str, request: Request, resend: bool = False, body: RetryRequest | None = None
-) -> dict[str, Any]:
-    """Put a failed operation (with the rest of its reply job) back to work; a
-    needs_review one only with ``resend=true`` (commands.retry)."""
-    require_admin(request)
-    op_id = _parse_id(operation_id)
-    who = body or RetryRequest()
-    done = await commands.retry(
-        PgOperationStore(request.app.state.pool), op_id, resend=resend, by=who.by, note=who.note
-    )
-    # A person's retry is one of the day's Retries too (chatq_retries_total{reason="person"}).
-    RETRIES.labels(reason="person").inc(len(done.retried))
-    runtime = request.app.state.runtime
-    if runtime.relay is not None:
-        runtime.relay.notify()
-    return {
-        "operation_id": str(op_id),
-        "status": "accepted",
-        "retried": [str(i) for i in done.retried],
-        "resend": done.resend,
-    }
-
-
-class Resolution(BaseModel):
-    model_config = ConfigDict(extra="forbid")
-
-    resolution: commands.Resolution
-    owner: str = Field(min_length=1, max_length=200)
-    note: str = Field(default="", max_length=2000)
-
-
-@router.post("/v1/operations/{operation_id}/resolve")
-async def resolve_operation(operation_id: str, body: Resolution, request: Request) -> dict[str, Any]:
-    """A person closes a failed or needs_review operation (and the rest of its job)."""
-    require_admin(request)
-    op_id = _parse_id(operation_id)
-    done = await commands.resolve(
-        PgOperationStore(request.app.state.pool), op_id, body.resolution, owner=body.owner, note=body.note
-    )
-    return {
-        "operation_id": str(op_id),
-        "status": done.status.value,
-        "resolved": [str(i) for i in done.resolved],
-    }
-
-
-@router.get("/v1/chats")
-async def list_chats(request: Request, held: bool = True) -> dict[str, Any]:
-    """The chats a person holds: the seller answered in person and the bot stays out until
-    ``held_until`` (``held=true``, the only listing today)."""
-    require_admin(request)
-    if not held:
-        raise ApiError(400, "bad_filter", "only held=true is listed")
-    pool: asyncpg.Pool = request.app.state.pool
+async def held_chats(pool: asyncpg.Pool) -> dict[str, Any]:
+    """The chats the seller holds (the bot stays out until ``held_until``), with the
+    messages waiting in each."""
     rows = await pool.fetch(
         """
         SELECT c.chat_key, c.seller_wrote_at, c.seller_message_id, c.held_until,
@@ -219,41 +102,17 @@ async def list_chats(request: Request, held: bool = True) -> dict[str, Any]:
     }
 
 
-@router.post("/v1/chats/{chat:path}/resume")
-async def resume_chat(chat: str, request: Request) -> dict[str, Any]:
-    """Hand a chat the seller held back to the bot now: its waiting messages are answered
-    after the usual pause. ``chat`` is the chat key, e.g. ``avito:777:u2i-1`` (URL-encoded)."""
-    require_admin(request)
-    pool: asyncpg.Pool = request.app.state.pool
-    if not await pool.fetchval("SELECT chatq_resume_chat($1)", chat):
-        raise ApiError(409, "not_held", f"chat {chat!r} is not held by the seller")
-    return {"chat": chat, "held": False}
-
-
-def parse_account(account: str | None) -> tuple[str | None, str | None]:
-    """``platform:account_id`` (as ``chatq`` and the ops page write it) -> its two parts."""
-    if account is None or not account.strip():
-        return None, None
-    platform, sep, account_id = account.strip().partition(":")
-    if not sep or platform not in ("telegram", "avito", "generic", "sandbox") or not account_id:
-        raise ApiError(400, "bad_account", "account is PLATFORM:ACCOUNT_ID, e.g. avito:123456")
-    return platform, account_id
-
-
-@router.get("/v1/stats")
-async def stats(request: Request, account: str | None = None, accounts: int = 20) -> dict[str, Any]:
-    """The seller's numbers: the whole deployment's, or one account's (``account=avito:42``);
-    with each account's four numbers and state (the ``accounts`` busiest by backlog)."""
-    require_admin(request)
-    if not 0 <= accounts <= 1000:
-        raise ApiError(400, "bad_accounts", "accounts is between 0 and 1000")
-    platform, account_id = parse_account(account)
-    doc = await collect_stats(request.app.state.pool, platform, account_id)
-    numbers = await account_numbers(request.app.state.pool, platform, account_id)
+async def stats(
+    pool: asyncpg.Pool, platform: str | None, account_id: str | None, accounts: int
+) -> dict[str, Any]:
+    """The seller's numbers: the whole deployment's, or one account's; with each account's
+    four numbers and state (the ``accounts`` busiest by backlog)."""
+    doc = await collect_stats(pool, platform, account_id)
+    numbers = await account_numbers(pool, platform, account_id)
     ranked = sorted(numbers.values(), key=lambda n: (-n["backlog"], n["platform"], n["account_id"]))
     doc["accounts"] = ranked[:accounts]
     doc["accounts_total"] = len(numbers)
-    if account is not None:
+    if platform is not None:
         doc["account"] = f"{platform}:{account_id}"
     return doc
 
@@ -424,6 +283,8 @@ async def collect_stats(
 
 #: What each kind of event in an operation's record means, for a reader (the record's
 #: ``detail`` says the specifics: which attempt, what error, whose note).
+
+
 EVENT_WORDS = {
     "received": "received and stored",
     "ignored": "stored; not for the bot",
