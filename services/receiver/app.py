@@ -32,7 +32,7 @@ from shared.settings import Settings
 
 from . import operations, pages, sandbox
 from .errors import ApiError, install_error_handlers
-from .intake import Intake, Stored, parse_json, store
+from .intake import Intake, IntakeBatcher, Stored, parse_json
 from .limits import BodySizeLimit
 from .openapi import json_body
 from .webhooks import avito, generic, telegram
@@ -46,6 +46,7 @@ class Runtime:
     broker: BrokerConnection
     relay: Relay | None
     relay_task: asyncio.Task[None] | None
+    intake: IntakeBatcher
     stats_task: asyncio.Task[None] | None = None
 
 
@@ -143,9 +144,9 @@ def _webhook_routes(settings: Settings) -> APIRouter:
     router = APIRouter()
 
     async def accept(request: Request, platform: str, intake: Intake) -> Stored:
-        stored = await store(request.app.state.pool, intake, hold_seconds=settings.takeover_seconds)
-        fault_point("receiver.after_commit")
         runtime: Runtime = request.app.state.runtime
+        stored = await runtime.intake.store(intake, hold_seconds=settings.takeover_seconds)
+        fault_point("receiver.after_commit")
         if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":
             runtime.relay.notify()
         # An edit's fate is decided as it is stored: read the stored status.
@@ -277,14 +278,18 @@ async def _start(settings: Settings) -> Runtime:
     if settings.relay_enabled:
         relay = Relay.from_settings(pool, broker, settings, exchanges=[INBOUND_EXCHANGE])
         task = asyncio.create_task(relay.run(), name="outbox-relay")
+    intake = IntakeBatcher(
+        pool, window_seconds=settings.intake_batch_window_ms / 1000, max_rows=settings.intake_batch_rows
+    )
     return Runtime(
-        pool, broker, relay, task, asyncio.create_task(_backlog_gauges(pool), name="backlog-gauges")
+        pool, broker, relay, task, intake, asyncio.create_task(_backlog_gauges(pool), name="backlog-gauges")
     )
 
 
 async def _stop(runtime: Runtime) -> None:
     if runtime.stats_task is not None:
         runtime.stats_task.cancel()
+    await runtime.intake.drain()
     if runtime.relay is not None and runtime.relay_task is not None:
         runtime.relay.stop()
         try:
