@@ -24,10 +24,11 @@ from shared.ops_http import consumer_readiness, ops_server
 from shared.settings import Settings
 
 from .handler import Responder
+from .http import PlatformHttp
 from .idempotency import JobStore
 from .llm import FactsWriter, OpenAIWriter, ReplyWriter, facts_text
 from .platforms.avito import AvitoPlatform, AvitoToken
-from .platforms.base import Platform
+from .platforms.base import HttpClient, Platform
 from .platforms.generic import GenericPlatform
 from .platforms.sandbox import SandboxPlatform
 from .platforms.telegram import TelegramPlatform
@@ -36,7 +37,7 @@ from .ratelimit import AccountRateLimiter
 logger = logging.getLogger(__name__)
 
 
-def build_platforms(settings: Settings, client: httpx.AsyncClient, pool: asyncpg.Pool) -> dict[str, Platform]:
+def build_platforms(settings: Settings, client: HttpClient, pool: asyncpg.Pool) -> dict[str, Platform]:
     """Every platform whose reply credentials are configured, and the sandbox."""
     limiter = AccountRateLimiter(settings.platform_rate_per_second)
     platforms: dict[str, Platform] = {}
@@ -93,10 +94,11 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     timeout = httpx.Timeout(
         settings.platform_timeout_seconds, connect=min(5.0, settings.platform_timeout_seconds)
     )
-    client = httpx.AsyncClient(
-        timeout=timeout, limits=httpx.Limits(max_connections=settings.responder_concurrency * 2)
-    )
-    platforms = build_platforms(settings, client, pool)
+    # Platform calls through aiohttp (services/responder/http.py says why); the rare alert
+    # posts keep httpx.
+    platform_http = PlatformHttp(timeout, max_connections=settings.responder_concurrency * 2)
+    client = httpx.AsyncClient(timeout=timeout)
+    platforms = build_platforms(settings, platform_http, pool)
     metrics.create_known_series("responder", platforms)
     writer = build_writer(settings)
     responder = Responder(
@@ -168,6 +170,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
     stopper.cancel()
     await writer.aclose()
     await client.aclose()
+    await platform_http.aclose()
     await consume_broker.close()
     await retry_broker.close()
     await pool.close()

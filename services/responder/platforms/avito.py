@@ -13,11 +13,10 @@ import logging
 import time
 
 import asyncpg
-import httpx
 
 from ..failures import Failure, Kind
 from ..ratelimit import AccountRateLimiter
-from .base import Attempts, Sent, SentQuery, TooEarly, call, raise_for
+from .base import Answer, Attempts, HttpClient, Sent, SentQuery, TooEarly, call, raise_for
 
 logger = logging.getLogger(__name__)
 
@@ -40,7 +39,7 @@ class AvitoToken:
         api_base: str,
         client_id: str,
         client_secret: str,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         pool: asyncpg.Pool | None = None,
     ) -> None:
         self._url = f"{api_base.rstrip('/')}/token"
@@ -148,7 +147,7 @@ class AvitoPlatform:
     can_reconcile = True
 
     def __init__(
-        self, api_base: str, token: AvitoToken, client: httpx.AsyncClient, limiter: AccountRateLimiter
+        self, api_base: str, token: AvitoToken, client: HttpClient, limiter: AccountRateLimiter
     ) -> None:
         self._base = api_base.rstrip("/")
         self._token = token
@@ -156,7 +155,7 @@ class AvitoPlatform:
         self._limiter = limiter
         self._send_timeout = client.timeout.read or 10.0
 
-    async def _authorized(self, account_id: str, method: str, url: str, **kwargs: object) -> httpx.Response:
+    async def _authorized(self, account_id: str, method: str, url: str, **kwargs: object) -> Answer:
         stale: str | None = None
         for _ in range(2):
             token = await self._token.get(stale=stale)
@@ -269,7 +268,7 @@ class AvitoPlatform:
         return None
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(response: Answer) -> str:
     if response.is_success:
         return ""
     try:
