@@ -104,7 +104,9 @@ def _status(api: Api, args: argparse.Namespace) -> str:
         lines.append(f"owner      {op['owner']}")
     lines.append("record (who decided what, and when)")
     lines += [
-        f"  {e['at']}  {e['event']}" + (f"  [by {e['by']}]" if e.get("by") else "")
+        f"  {e['at']}  {e['event']}"
+        + (f"  [by {e['by']}]" if e.get("by") else "")
+        + (f"  [for {e['for']}]" if e.get("for") else "")
         for e in op.get("timeline", [])
     ]
     return "\n".join(lines)

@@ -101,6 +101,7 @@ def create_known_series(service: str, platforms: Iterable[str] = ()) -> None:
             for outcome in WEBHOOK_OUTCOMES:
                 WEBHOOKS.labels(platform=platform, outcome=outcome)
         WEBHOOKS.labels(platform="avito", outcome="no_payload")
+        RETRIES.labels(reason="person")
     elif service == "coalescer":
         OPERATIONS.labels(outcome="failed")
         DEAD_LETTERS.labels(queue="chatq.coalescer.dead")

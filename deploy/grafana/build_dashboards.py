@@ -122,7 +122,16 @@ CHATQUEUE = [
         desc="Failed or needs-review among finished messages over the dashboard's time range. A jump means access broke.",
     ),
     panel(
-        5, "Retries in 24 h", "stat", [("sum(increase(chatq_retries_total[1d]))", "retries")], 15, 1, w=4, h=5
+        5,
+        "Retries (24 h)",
+        "stat",
+        [('sum(increase(chatq_retries_total{reason!~"busy|reconcile_wait|account_paused"}[1d]))', "retries")],
+        15,
+        1,
+        w=4,
+        h=5,
+        desc="Automatic retries after a failed attempt, and a person's retries (reason person). "
+        "Jobs waiting behind a busy chat, a reconcile or a paused account are not retries.",
     ),
     panel(
         6,

@@ -180,9 +180,10 @@ WITH clock AS (SELECT clock_timestamp() AS now),
 echo AS (SELECT chatq_is_echo(chatq_chat_key($2, $3, $5), $6, $8) AS yes),
 op AS (
     INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id,
-                            author_id, text, sent_at, status, status_reason, received_at, payload)
+                            author_id, text, sent_at, status, status_reason, received_at, payload,
+                            business_connection_id)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8, least(coalesce($9::timestamptz, clock.now), clock.now), 'ignored',
-           CASE WHEN echo.yes THEN 'our own message (echo)' ELSE $10 END, clock.now, $11::text::json
+           CASE WHEN echo.yes THEN 'our own message (echo)' ELSE $10 END, clock.now, $11::text::json, $13
     FROM clock, echo
     ON CONFLICT DO NOTHING
     RETURNING id, status, sent_at, status_reason
@@ -395,6 +396,7 @@ async def _store_seller(pool: asyncpg.Pool, intake: Intake, hold_seconds: float)
             reason,
             intake.payload,
             hold_seconds,
+            intake.business_connection_id,
         )
     except asyncpg.ProgramLimitExceededError:
         raise ApiError(422, "invalid_payload", "a value in the body is too large to store") from None

@@ -17,6 +17,7 @@ from pydantic import BaseModel, ConfigDict, Field
 from shared.answered import MARK_ANSWERED
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 from shared.messages import InboundMessage, chat_key
+from shared.metrics import RETRIES
 from shared.outbox import OutboxMessage, enqueue_many
 from shared.state import account as account_state
 from shared.state import operation as operation_state
@@ -233,6 +234,8 @@ async def retry_operation(
                 for r in retried
             ],
         )
+    # A person's retry is one of the day's Retries too (chatq_retries_total{reason="person"}).
+    RETRIES.labels(reason="person").inc(len(ids))
     runtime = request.app.state.runtime
     if runtime.relay is not None:
         runtime.relay.notify()
@@ -459,12 +462,15 @@ async def timeline(pool: asyncpg.Pool, operation_id: uuid.UUID) -> list[dict[str
         "SELECT at, kind, actor, detail, job_id FROM operation_events WHERE operation_id = $1 ORDER BY id",
         operation_id,
     )
+    # A give-up is decided by the service; its actor is the person it is handed to.
+    handed = ("failed", "needs_review")
     return [
         {
             "at": _iso(r["at"]),
             "kind": r["kind"],
             "event": r["detail"] or EVENT_WORDS.get(r["kind"], r["kind"]),
-            "by": r["actor"],
+            "by": None if r["kind"] in handed else r["actor"],
+            "for": r["actor"] if r["kind"] in handed else None,
             "job_id": str(r["job_id"]) if r["job_id"] else None,
         }
         for r in rows

@@ -309,7 +309,12 @@ class Responder:
             if found is not None:
                 await db.part_done(job.job_id, number, DeliveryStatus.SENT, found.message_id)
                 sent[number] = found.message_id
-        logger.info("job %s: resuming a reply in parts (%d already in the chat)", job.job_id, len(sent))
+        logger.info(
+            "job %s: resuming a reply in parts (%d already in the chat)",
+            job.job_id,
+            len(sent),
+            extra={"job_id": job.job_id, "chat": job.chat_key, "attempt": attempt},
+        )
         await self._reply(db, job, platform, attempt, text=state.text, sent_parts=sent)
 
     async def _find(

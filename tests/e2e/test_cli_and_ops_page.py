@@ -6,6 +6,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -90,7 +91,7 @@ async def test_the_cli_shows_lists_retries_and_resolves_with_exit_codes_scripts_
     listed = await chatq(stack, "list", "--status", "failed")
     assert listed.returncode == 0 and op in listed.stdout and "1 operation(s)" in listed.stdout
     stats = await chatq(stack, "stats")
-    assert stats.returncode == 0 and "failed share          100.0 %" in stats.stdout
+    assert stats.returncode == 0 and re.search(r"^failed share \(24 h\) +100\.0 %$", stats.stdout, re.M)
     retried = await chatq(stack, "retry", op)
     assert retried.returncode == 0 and f"re-queued 1 operation(s): {op}" in retried.stdout
     async with httpx.AsyncClient(base_url=stack.url) as client:

@@ -13,7 +13,9 @@ from tests.fakes.platforms import FakeWorld
 from tests.support.pipeline import pipeline_settings
 from tests.support.processes import Receiver, Worker, free_port
 
-pytestmark = pytest.mark.e2e
+# ``clean``: a responder started on a database with other tests' leftovers would reply to
+# them, and the counter it should show at 0 would not be.
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean")]
 
 
 def zero_series(text: str, name: str) -> set[str]:
@@ -44,6 +46,7 @@ async def test_fresh_services_export_the_zero_series_of_every_known_label(settin
     for platform in ("telegram", "avito", "generic"):
         for outcome in ("accepted", "duplicate", "ignored", "rejected"):
             assert f'outcome="{outcome}",platform="{platform}"' in webhooks, (platform, outcome)
+    assert 'reason="person"' in zero_series(scraped["receiver"], "chatq_retries_total")
     assert 'outcome="failed"' in zero_series(scraped["coalescer"], "chatq_operations_total")
     assert 'queue="chatq.coalescer.dead"' in zero_series(scraped["coalescer"], "chatq_dead_letters_total")
     operations = zero_series(scraped["responder"], "chatq_operations_total")

@@ -5,6 +5,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
+from shared.metrics import RETRIES
 from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET, replace
 from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for
@@ -46,8 +47,11 @@ async def test_a_failed_operation_is_retried_through_the_outbox_and_replied_once
     op = await post(api, 1, 71)
     failed = await settled(api, op, "failed")
     assert "HTTP 400" in failed["status_text"]
+    person_retries = RETRIES.labels(reason="person")._value.get()
     r = await api.post(f"/v1/operations/{op}/retry", headers=ADMIN)
     assert r.status_code == 202
+    # One of the day's Retries, beside the automatic ones, for the dashboard and alerts.
+    assert RETRIES.labels(reason="person")._value.get() == person_retries + 1
     assert r.json()["retried"] == [op]
     doc = await settled(api, op, "replied")
     assert doc["retries"] == 1
@@ -94,7 +98,7 @@ async def test_resolving_records_who_and_why_and_replied_manually_feeds_the_answ
     r = await api.post(
         f"/v1/operations/{b}/resolve", headers=ADMIN, json={"resolution": "dismissed", "owner": "anna"}
     )
-    assert (await settled(api, b, "ignored"))["status_text"] == "not for the bot: dismissed by anna"
+    assert (await settled(api, b, "ignored"))["status_text"] == "dismissed by anna"
     again = await api.post(
         f"/v1/operations/{b}/resolve", headers=ADMIN, json={"resolution": "dismissed", "owner": "x"}
     )

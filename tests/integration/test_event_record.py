@@ -68,7 +68,8 @@ async def test_a_retried_then_resolved_operation_keeps_both_attempts_and_says_wh
     assert record[: len(first["timeline"])] == first["timeline"]
     assert record[: len(second["timeline"])] == second["timeline"]
     assert record[4]["job_id"] == first["job"]["id"] != record[9]["job_id"] == second["job"]["id"]
-    assert "HTTP 400" in record[4]["event"] and record[4]["by"] == "on-call"
+    assert "HTTP 400" in record[4]["event"] and record[4]["by"] is None
+    assert record[4]["for"] == "on-call"  # the service gave up; the person it is handed to
     assert record[5]["by"] == "anna" and record[5]["event"] == "retried by anna: chat is back"
     assert record[10]["by"] == "bob"
     assert record[10]["event"] == "dismissed by bob: the buyer called instead"

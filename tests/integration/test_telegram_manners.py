@@ -229,7 +229,12 @@ async def test_a_business_customer_is_answered_through_the_connection_and_the_se
     )
     found = {r["id"]: (r["status"], r["status_reason"], r["business_connection_id"]) for r in rows}
     assert found == {
-        seller["operation_id"]: ("ignored", "written by the seller", "biz-conn-1"),
+        seller["operation_id"]: (
+            "ignored",
+            "written by the seller: the replies not yet sent are withdrawn and the bot steps back "
+            "from this chat for 60 min",
+            "biz-conn-1",
+        ),
         echo["operation_id"]: (
             "ignored",
             "sent by the bot on the business's behalf (our own reply)",

@@ -102,7 +102,7 @@ async function detail(id) {
   const h = document.createElement("h3"); h.textContent = `Operation ${op.id}`; d.appendChild(h);
   const st = document.createElement("p"); st.id = "detail-status"; st.dataset.status = op.status; st.textContent = `${op.status}: ${op.status_text}`; d.appendChild(st);
   const ul = document.createElement("ul");
-  for (const ev of op.timeline) { const li = document.createElement("li"); li.dataset.kind = ev.kind; li.textContent = `${new Date(ev.at).toLocaleString()} — ${ev.event}` + (ev.by ? ` (by ${ev.by})` : ""); ul.appendChild(li); }
+  for (const ev of op.timeline) { const li = document.createElement("li"); li.dataset.kind = ev.kind; li.textContent = `${new Date(ev.at).toLocaleString()} — ${ev.event}` + (ev.by ? ` (by ${ev.by})` : "") + (ev.for ? ` (for ${ev.for})` : ""); ul.appendChild(li); }
   d.appendChild(ul);
 }
 function show() {
