@@ -1,38 +1,52 @@
 """``python -m services``: run the whole pipeline in the foreground, one child process per
 service, their logs interleaved on this terminal. Ctrl-C (or SIGTERM) is passed to every
 service, which drains (stops consuming, finishes and acknowledges in-flight work) and
-exits; a second Ctrl-C kills them at once."""
+exits; a second Ctrl-C kills them at once.
+
+``--env-file PATH`` (``make run`` passes ``.env``) reads the seller's settings from that
+file, under the environment, and keeps the development admin token in it, so
+credentials and the token survive a restart."""
 
 from __future__ import annotations
 
+import argparse
 import os
-import secrets
 import signal
 import subprocess
 import sys
 import time
 from collections.abc import Mapping
 
+from shared.envfile import merged_environment, stored_admin_token
 from shared.settings import Settings
 
 SERVICES = ("receiver", "coalescer", "responder")
 
 
-def child_environment(settings: Settings, environ: Mapping[str, str]) -> tuple[dict[str, str], str | None]:
-    """The services' environment, and the admin token made for this run: a fresh one per
-    run for local development only (never a default, never under the production guards)."""
-    env = dict(environ)
-    if settings.admin_token is not None or settings.production_guards:
+def child_environment(
+    settings: Settings, environ: Mapping[str, str], env_file: str | None
+) -> tuple[dict[str, str], str | None]:
+    """The services' environment (``environ`` over the env file's settings), and the
+    development admin token when this run provides it: for local development only (never
+    a default, never under the production guards), made once and kept in the env file."""
+    env = merged_environment(environ, env_file)
+    if environ.get("CHATQ_ADMIN_TOKEN") or settings.production_guards or not env_file:
         return env, None
-    token = secrets.token_urlsafe(12)
+    token = stored_admin_token(env_file)
     env["CHATQ_ADMIN_TOKEN"] = token
     return env, token
 
 
-def main() -> int:
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m services", description=__doc__)
+    parser.add_argument(
+        "--env-file",
+        help="read CHATQ_* settings from this file (the environment wins) and keep the token in it",
+    )
+    args = parser.parse_args(argv)
     # The settings every service parses: what they would refuse is refused before any starts.
-    settings = Settings()
-    env, generated_token = child_environment(settings, os.environ)
+    settings = Settings(_env_file=args.env_file)  # type: ignore[call-arg]
+    env, generated_token = child_environment(settings, os.environ, args.env_file)
     # The pages are on the admin port when there is one, else with the webhooks.
     port = settings.admin_port or settings.http_port
     base_metrics = settings.metrics_port
@@ -45,7 +59,7 @@ def main() -> int:
         if i == 0:
             time.sleep(1.5)
     if generated_token is not None:
-        token_note = f"admin token: {generated_token}"
+        token_note = f"admin token: {generated_token}, kept in {args.env_file}"
     elif settings.admin_token is not None:
         token_note = "admin token: CHATQ_ADMIN_TOKEN"
     else:

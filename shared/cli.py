@@ -1,5 +1,6 @@
 """``chatq``: the person on call's command line. Talks to the receiver's admin API
-(CHATQ_ADMIN_URL, CHATQ_ADMIN_TOKEN) for status, list, retry, resolve and stats; runs
+(CHATQ_ADMIN_URL, CHATQ_ADMIN_TOKEN, from the environment or ./.env) for status, list,
+retry, resolve and stats; runs
 migrations and exports the broker topology locally; connects this deployment to
 Telegram and Avito (``connect``) and checks everything a seller needs (``doctor``).
 
@@ -20,6 +21,8 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+
+from shared.envfile import DEFAULT_ENV_FILE
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -259,6 +262,12 @@ def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="chatq", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    p.add_argument(
+        "--env-file",
+        default=DEFAULT_ENV_FILE,
+        help="read CHATQ_* settings from this file when it exists, under the environment "
+        "(default: .env here, the file make run keeps the development admin token in)",
+    )
     sub = p.add_subparsers(dest="command", required=True)
     s = sub.add_parser(
         "status", aliases=["show"], help="one operation: status, reply or error, and its record of events"
@@ -322,7 +331,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     # What goes wrong is in the output and the exit code; libraries' own log lines (a broker
     # client's connection errors, say) would only repeat it.
     logging.basicConfig(level=logging.CRITICAL, format="chatq: %(message)s")
-    args.settings = Settings()
+    args.settings = Settings(_env_file=args.env_file or None)  # type: ignore[call-arg]
     secrets = args.settings.secret_values()
     try:
         api = None

@@ -76,6 +76,11 @@ CONSUMER_OLDEST_UNSETTLED = Gauge(
 JOBS_REDRIVEN = Counter(
     "chatq_jobs_redriven_total", "Reply jobs in flight that nobody held past the bound, published again."
 )
+RECOVERED_MESSAGES = Counter(
+    "chatq_recovered_messages_total",
+    "Messages a poll found that no webhook had brought, stored through the webhook's intake, by platform.",
+    ["platform"],
+)
 RETENTION_PURGED = Counter(
     "chatq_retention_purged_total", "Finished rows deleted by the retention rule, by table.", ["table"]
 )
@@ -101,6 +106,7 @@ def create_known_series(service: str, platforms: Iterable[str] = ()) -> None:
             for outcome in WEBHOOK_OUTCOMES:
                 WEBHOOKS.labels(platform=platform, outcome=outcome)
         WEBHOOKS.labels(platform="avito", outcome="no_payload")
+        RECOVERED_MESSAGES.labels(platform="avito")
         RETRIES.labels(reason="person")
     elif service == "coalescer":
         OPERATIONS.labels(outcome="failed")

@@ -1,6 +1,9 @@
 """Check that Postgres and RabbitMQ answer before a run or a test session, and say
 exactly what to start when they do not. ``--create-database`` creates the database
-named in the URL when the server answers but the database does not exist yet."""
+named in the URL when the server answers but the database does not exist yet. Without
+``--database-url`` and ``--amqp-url`` the URLs are the settings' (``--env-file``, as
+``make run`` passes ``.env``, under the environment), so the check reaches what the
+services will."""
 
 from __future__ import annotations
 
@@ -87,14 +90,21 @@ def _start_with_compose() -> bool:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__)
-    parser.add_argument("--database-url", required=True)
-    parser.add_argument("--amqp-url", required=True)
+    parser.add_argument("--database-url", help="default: CHATQ_DATABASE_URL of the settings")
+    parser.add_argument("--amqp-url", help="default: CHATQ_AMQP_URL of the settings")
+    parser.add_argument("--env-file", help="settings file read under the environment (make run: .env)")
     parser.add_argument("--rabbitmq-api-url", help="management API, needed by the test suite for vhosts")
     parser.add_argument("--create-database", action="store_true")
     parser.add_argument(
         "--start-with-compose", action="store_true", help="start missing services with docker compose"
     )
     args = parser.parse_args(argv)
+    if not args.database_url or not args.amqp_url:
+        from shared.settings import Settings
+
+        settings = Settings(_env_file=args.env_file)  # type: ignore[call-arg]
+        args.database_url = args.database_url or settings.database_url.get_secret_value()
+        args.amqp_url = args.amqp_url or settings.amqp_url.get_secret_value()
     problems = _problems(args)
     if problems and args.start_with_compose and _start_with_compose():
         problems = _problems(args)

@@ -5,7 +5,8 @@ What goes, in bounded chunks, each chunk its own transaction:
   and event log), untouched for the retention period;
 - reply jobs ``sent``, ``failed`` or ``superseded`` that no remaining operation points
   to, with their delivery, coverage and window;
-- closed windows left without a job, sandbox replies and recorded dead letters of that age.
+- closed windows left without a job, sandbox replies and recorded dead letters of that age;
+- cached chat listings read that long ago (a chat that speaks again reads its listing again).
 
 What stays, whatever its age: every unfinished row (an operation or job still in flight,
 an open window), every operation a person must still act on (``failed``,
@@ -80,6 +81,11 @@ _STEPS: tuple[tuple[str, str], ...] = (
         "sandbox_replies",
         "DELETE FROM sandbox_replies WHERE id IN "
         "(SELECT id FROM sandbox_replies WHERE created_at < $1 ORDER BY created_at LIMIT $2)",
+    ),
+    (
+        "chat_listings",
+        "DELETE FROM chat_listings WHERE chat_key IN "
+        "(SELECT chat_key FROM chat_listings WHERE fetched_at < $1 ORDER BY fetched_at LIMIT $2)",
     ),
     (
         "dead_letters",

@@ -127,6 +127,9 @@ class Settings(BaseSettings):
     avito_client_secret: SecretStr | None = None
     avito_webhook_secret: SecretStr | None = None
     avito_api_base: str = "https://api.avito.ru"
+    # How often one receiver replica reads the Avito accounts' unread chats for buyer
+    # messages whose webhook never came (0: never; also once at start-up).
+    avito_poll_seconds: float = Field(default=60.0, ge=0)
     generic_webhook_secret: SecretStr | None = None
     generic_reply_url: str | None = None
     generic_reply_secret: SecretStr | None = None
@@ -174,7 +177,7 @@ class Settings(BaseSettings):
     # Operations
     admin_token: SecretStr | None = None
     # During a rotation, the token being replaced: accepted beside ADMIN_TOKEN until every
-    # client has the new one, then unset (README "Rotating secrets").
+    # client has the new one, then unset (docs/deploying.md "Rotating secrets").
     admin_token_previous: SecretStr | None = None
     # Where the chatq CLI finds the admin API; unset: this machine's ADMIN_PORT, else HTTP_PORT.
     admin_url: str | None = None
@@ -219,9 +222,19 @@ class Settings(BaseSettings):
         if v is None:
             return v
         raw = v.get_secret_value()
-        if not (1 <= len(raw) <= 256) or not all(c.isascii() and (c.isalnum() or c in "_-") for c in raw):
-            raise ValueError("TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ -")
-        return v
+        outside = sum(1 for c in raw if not (c.isascii() and (c.isalnum() or c in "_-")))
+        if 1 <= len(raw) <= 256 and not outside:
+            return v
+        # The value itself is never echoed: it is a secret.
+        what = (
+            f"it has {len(raw)} characters"
+            if outside == 0
+            else f"{outside} of its characters are not allowed"
+        )
+        raise ValueError(
+            "CHATQ_TELEGRAM_WEBHOOK_SECRET must be 1-256 characters of A-Z a-z 0-9 _ - (Telegram's rule "
+            f"for setWebhook's secret_token); {what}. {GENERATE_HINT}"
+        )
 
     @field_validator("telegram_chat_types")
     @classmethod
@@ -369,7 +382,7 @@ class Settings(BaseSettings):
 
     def worst_case_job_seconds(self) -> float:
         """The longest one reply job can run once a responder took it, so the shortest
-        SHUTDOWN_GRACE_SECONDS that never cuts a send mid-flight (README "Grace periods"):
+        SHUTDOWN_GRACE_SECONDS that never cuts a send mid-flight (docs/deploying.md "Grace periods"):
         the first generation and FOLD_MAX_ROUNDS regenerations at LLM_TIMEOUT_SECONDS
         each, the wait for a send slot (RESPONDER_CONCURRENCY sends ahead of it at
         PLATFORM_RATE_PER_SECOND), the send at PLATFORM_TIMEOUT_SECONDS, and

@@ -5,6 +5,7 @@ surface on two) until SIGTERM, then drains."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -14,17 +15,20 @@ from dataclasses import dataclass
 from typing import Any
 
 import asyncpg
+import httpx
 import uvicorn
 from fastapi import APIRouter, FastAPI, Request
-from fastapi.responses import JSONResponse
-from prometheus_client import make_asgi_app
+from fastapi.responses import JSONResponse, Response
+from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
+from services.responder.platforms.avito import AvitoPlatform, AvitoToken
+from services.responder.ratelimit import AccountRateLimiter
 from shared import metrics
 from shared.broker.connection import BrokerConnection
 from shared.broker.topology import INBOUND_EXCHANGE, build_topology
 from shared.db import create_pool
 from shared.faults import fault_point
-from shared.lifecycle import freeze_startup_heap
+from shared.lifecycle import every, freeze_startup_heap
 from shared.migrate import migrate_dsn
 from shared.ops_http import OpsServer
 from shared.outbox import Relay
@@ -35,6 +39,7 @@ from .errors import ApiError, install_error_handlers
 from .intake import Intake, IntakeBatcher, Stored, parse_json
 from .limits import BodySizeLimit
 from .openapi import json_body
+from .recovery import AvitoRecovery
 from .webhooks import avito, generic, telegram
 
 logger = logging.getLogger(__name__)
@@ -48,6 +53,10 @@ class Runtime:
     relay_task: asyncio.Task[None] | None
     intake: IntakeBatcher
     stats_task: asyncio.Task[None] | None = None
+    #: The Avito poller (AVITO_POLL_SECONDS), its task and its HTTP client; None when off.
+    recovery: AvitoRecovery | None = None
+    recovery_task: asyncio.Task[None] | None = None
+    http: httpx.AsyncClient | None = None
 
 
 async def _backlog_gauges(pool: asyncpg.Pool, interval: float = 10.0) -> None:
@@ -121,7 +130,7 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
         redoc_url=None,
         openapi_url="/openapi.json" if admin else None,
     )
-    # The current token, and during a rotation the previous one (README "Rotating secrets").
+    # The current token, and during a rotation the previous one (docs/deploying.md "Rotating secrets").
     app.state.admin_tokens = [
         t for t in (_secret(settings.admin_token), _secret(settings.admin_token_previous)) if t
     ]
@@ -131,7 +140,13 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
     for router in routers:
         app.include_router(router)
     if admin:
-        app.mount("/metrics", make_asgi_app())
+        # A route, not a mounted app: `curl :8080/metrics` answers with the metrics, not
+        # a 307 to /metrics/ (which answers too, for scrapers configured with it).
+        async def prometheus_metrics() -> Response:
+            return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
+
+        for path in ("/metrics", "/metrics/"):
+            app.add_api_route(path, prometheus_metrics, methods=["GET"], include_in_schema=False)
     return app
 
 
@@ -281,15 +296,57 @@ async def _start(settings: Settings) -> Runtime:
     intake = IntakeBatcher(
         pool, window_seconds=settings.intake_batch_window_ms / 1000, max_rows=settings.intake_batch_rows
     )
-    return Runtime(
+    runtime = Runtime(
         pool, broker, relay, task, intake, asyncio.create_task(_backlog_gauges(pool), name="backlog-gauges")
     )
+    if settings.avito_poll_seconds > 0 and settings.avito_client_id and settings.avito_client_secret:
+        runtime.http, runtime.recovery = _avito_recovery(settings, pool, relay)
+        # The first round runs now: what arrived while the service was down.
+        runtime.recovery_task = asyncio.create_task(
+            every(settings.avito_poll_seconds, "Avito poll", runtime.recovery.poll), name="avito-poll"
+        )
+    return runtime
+
+
+def _avito_recovery(
+    settings: Settings, pool: asyncpg.Pool, relay: Relay | None
+) -> tuple[httpx.AsyncClient, AvitoRecovery]:
+    """The Avito poller, on the responder's Avito client (the token shared in Postgres)."""
+    assert settings.avito_client_id and settings.avito_client_secret is not None
+    http = httpx.AsyncClient(
+        timeout=httpx.Timeout(
+            settings.platform_timeout_seconds, connect=min(5.0, settings.platform_timeout_seconds)
+        )
+    )
+    token = AvitoToken(
+        settings.avito_api_base,
+        settings.avito_client_id,
+        settings.avito_client_secret.get_secret_value(),
+        http,
+        pool,
+    )
+    api = AvitoPlatform(
+        settings.avito_api_base, token, http, AccountRateLimiter(settings.platform_rate_per_second)
+    )
+    recovery = AvitoRecovery(
+        pool,
+        api,
+        hold_seconds=settings.takeover_seconds,
+        notify=relay.notify if relay is not None else (lambda: None),
+    )
+    return http, recovery
 
 
 async def _stop(runtime: Runtime) -> None:
     if runtime.stats_task is not None:
         runtime.stats_task.cancel()
     await runtime.intake.drain()
+    if runtime.recovery_task is not None:
+        runtime.recovery_task.cancel()
+        with contextlib.suppress(asyncio.CancelledError):
+            await runtime.recovery_task
+    if runtime.http is not None:
+        await runtime.http.aclose()
     if runtime.relay is not None and runtime.relay_task is not None:
         runtime.relay.stop()
         try:

@@ -164,7 +164,19 @@ WITH clock AS (SELECT clock_timestamp() AS now), late AS (
     ON CONFLICT DO NOTHING
     RETURNING id, platform, account_id, chat_id, message_id, author_id, text, sent_at, received_at, status,
               status_reason
-{_EVENT_AND_OUTBOX}
+), ev AS (
+    -- A message the poller found ($18: how) is recorded as recovered, then as received.
+    INSERT INTO operation_events (operation_id, kind, detail)
+    SELECT op.id, e.kind, e.detail
+    FROM op CROSS JOIN LATERAL (VALUES
+        (1, 'recovered', $18::text),
+        (2, CASE WHEN op.status = 'ignored' THEN 'ignored' ELSE 'received' END,
+            CASE WHEN op.status = 'ignored' THEN 'stored; not for the bot: ' || op.status_reason
+                 ELSE 'received and stored' END)
+    ) AS e(n, kind, detail)
+    WHERE e.kind <> 'recovered' OR $18::text IS NOT NULL
+    ORDER BY e.n
+), ob AS (
     INSERT INTO outbox (exchange, routing_key, message_id, ordering_key, operation_id, body)
     SELECT $13, $14, op.id::text, chatq_chat_key(op.platform, op.account_id, op.chat_id), op.id,
 {_INBOUND_BODY}    FROM op WHERE op.status = 'accepted'
@@ -239,9 +251,22 @@ LIMIT 1
 """
 
 
-async def store(pool: asyncpg.Pool, intake: Intake, *, hold_seconds: float = 0) -> Stored:
+#: What the record says of a message the poller found (services/receiver/recovery.py).
+RECOVERED = "recovered by poll: the platform's webhook never brought it"
+#: What it says when a webhook and the poller stored the same message: once.
+FOUND_AGAIN = {
+    False: "delivered again by the platform; stored once",
+    True: "found again by the poll; stored once",
+}
+
+
+async def store(
+    pool: asyncpg.Pool, intake: Intake, *, hold_seconds: float = 0, recovered: bool = False
+) -> Stored:
     """Store the intake (once: a repeat is a duplicate). A message the seller wrote in
-    person steps the bot back from its chat for ``hold_seconds``."""
+    person steps the bot back from its chat for ``hold_seconds``. ``recovered``: the poller
+    found the message (its webhook never came); the record says so, and the dedupe key is
+    the webhook's, so a late webhook of it is a duplicate."""
     if intake.written_by_seller:
         return await _store_seller(pool, intake, hold_seconds)
     status = "ignored" if intake.ignored_reason else "accepted"
@@ -265,6 +290,7 @@ async def store(pool: asyncpg.Pool, intake: Intake, *, hold_seconds: float = 0) 
             intake.is_edit,
             EDITED_AFTER_REPLY,
             intake.business_connection_id,
+            RECOVERED if recovered else None,
         )
     except (asyncpg.DataError, asyncpg.InvalidTextRepresentationError) as exc:
         # E.g. a JSON escape Postgres cannot store (\u0000, a lone surrogate).
@@ -273,7 +299,7 @@ async def store(pool: asyncpg.Pool, intake: Intake, *, hold_seconds: float = 0) 
         raise ApiError(422, "invalid_payload", "a value in the body is too large to store") from None
     if row is not None:
         return Stored(row["id"], row["status"], duplicate=False)
-    return await _existing(pool, intake)
+    return await _existing(pool, intake, recovered=recovered)
 
 
 class IntakeBatcher:
@@ -407,7 +433,7 @@ async def _store_seller(pool: asyncpg.Pool, intake: Intake, hold_seconds: float)
     return await _existing(pool, intake)
 
 
-async def _existing(pool: asyncpg.Pool, intake: Intake) -> Stored:
+async def _existing(pool: asyncpg.Pool, intake: Intake, *, recovered: bool = False) -> Stored:
     existing = await pool.fetchrow(
         _EXISTING_SQL,
         intake.platform,
@@ -427,8 +453,7 @@ async def _existing(pool: asyncpg.Pool, intake: Intake) -> Stored:
             f"event id {intake.event_id!r} already names another message; send each message with its own id",
         )
     await pool.execute(
-        "SELECT chatq_log(ARRAY[$1]::uuid[], 'duplicate', 'delivered again by the platform; stored once')",
-        existing["id"],
+        "SELECT chatq_log(ARRAY[$1]::uuid[], 'duplicate', $2)", existing["id"], FOUND_AGAIN[recovered]
     )
     return Stored(existing["id"], existing["status"], duplicate=True)
 

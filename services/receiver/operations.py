@@ -359,11 +359,19 @@ async def stats(request: Request) -> dict[str, Any]:
 
 
 async def collect_stats(pool: asyncpg.Pool) -> dict[str, Any]:
-    backlog = {s: {"count": 0, "oldest_age_seconds": 0.0} for s in (*UNFINISHED, *ACTIONABLE)}
+    # A message waiting in a chat the seller holds is not late: the bot steps back on
+    # purpose for up to TAKEOVER_SECONDS. It is counted apart ("held"), out of the Backlog
+    # and its Oldest unfinished, so a long hold never pages anyone.
+    backlog = {s: {"count": 0, "oldest_age_seconds": 0.0} for s in (*UNFINISHED, *ACTIONABLE, "held")}
     for r in await pool.fetch(
         """
-        SELECT status, count(*) AS n, extract(epoch FROM now() - min(received_at))::float8 AS oldest
-        FROM operations WHERE status = ANY($1::text[]) GROUP BY status
+        SELECT CASE WHEN o.status = 'waiting' AND EXISTS (
+                    SELECT 1 FROM chats c
+                    WHERE c.chat_key = chatq_chat_key(o.platform, o.account_id, o.chat_id)
+                      AND c.held_until > now())
+               THEN 'held' ELSE o.status END AS status,
+               count(*) AS n, extract(epoch FROM now() - min(o.received_at))::float8 AS oldest
+        FROM operations o WHERE o.status = ANY($1::text[]) GROUP BY 1
         """,
         [*UNFINISHED, *ACTIONABLE],
     ):

@@ -26,6 +26,7 @@ from shared.settings import Settings
 from .handler import Responder
 from .http import PlatformHttp
 from .idempotency import JobStore
+from .listings import Listings
 from .llm import FactsWriter, OpenAIWriter, ReplyWriter, facts_text
 from .platforms.avito import AvitoPlatform, AvitoToken
 from .platforms.base import HttpClient, Platform
@@ -81,7 +82,10 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         await migrate_dsn(dsn)
     pool = await create_pool(dsn, size=settings.database_connections("responder"))
     if settings.shutdown_grace_seconds < settings.worst_case_job_seconds():
-        logger.warning(
+        # Worth a warning where SIGTERM comes from an orchestrator; on a developer's
+        # machine (make run, Ctrl-C) it is only a fact.
+        logger.log(
+            logging.WARNING if settings.env == "production" else logging.INFO,
             "SHUTDOWN_GRACE_SECONDS=%g is shorter than the longest job (%.0f s): a SIGTERM may cut a "
             "send mid-flight and leave it for a person (needs_review)",
             settings.shutdown_grace_seconds,
@@ -114,6 +118,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         review_owner=settings.review_owner,
         account_probe_seconds=settings.account_probe_seconds,
         greeting=settings.greeting,
+        listings=Listings(pool, platforms),
     )
     consumer = Consumer(
         consume_broker,

@@ -28,12 +28,18 @@ from shared.state.job import DeliveryStatus
 
 from .failures import Failure, Kind
 from .idempotency import Job, JobBusy, JobSession, JobStore, JobWithdrawn, Part, Reconcile, Skip
+from .listings import Listings
 from .llm import ReplyWriter, Turn
 from .parts import split_reply
-from .platforms.base import Attempts, Platform, Sent, SentQuery, TooEarly
+from .platforms.base import Attempts, ChatManners, Listing, Platform, Sent, SentQuery, TooEarly
 
 logger = logging.getLogger(__name__)
 
+CHAT_READ_FAILURES = Counter(
+    "chatq_chat_read_failures_total",
+    "Chats that could not be marked read after a reply was sent (the reply stands), by platform.",
+    ["platform"],
+)
 ACCOUNTS_PAUSED = Counter(
     "chatq_accounts_paused_total",
     "Platform accounts paused because the platform refused them, by platform.",
@@ -71,6 +77,7 @@ class Responder:
         review_owner: str = "on-call",
         account_probe_seconds: float = 60.0,
         greeting: str = DEFAULT_GREETING,
+        listings: Listings | None = None,
     ) -> None:
         self._store = store
         self._platforms = platforms
@@ -80,6 +87,7 @@ class Responder:
         self._owner = review_owner
         self._probe_seconds = account_probe_seconds
         self._greeting = greeting
+        self._listings = listings
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
         try:
@@ -173,6 +181,7 @@ class Responder:
         fault_point("responder.after_send")
         await db.record_sent(job, text, last)
         fault_point("responder.after_record")
+        await self._mark_read(job, platform)
         logger.info(
             "job %s replied in %s with %d message(s) in %d part(s) (attempt %d)",
             job.job_id,
@@ -186,7 +195,8 @@ class Responder:
     async def _generate(self, db: JobSession, job: Job, platform: Platform, attempt: int) -> tuple[Job, str]:
         """Write the reply; fold in messages that arrived meanwhile and write again (at most
         fold_max_rounds times); return with the delivery intent recorded."""
-        text = await self._write(job, platform)
+        listing = await self._listing(job)
+        text = await self._write(job, listing)
         fault_point("responder.after_generate")
         for round_ in range(self._fold_max_rounds + 1):
             folded = await db.before_send(job, text, attempt, fold=round_ < self._fold_max_rounds)
@@ -199,17 +209,41 @@ class Responder:
                 extra={"job_id": job.job_id, "chat": job.chat_key, "attempt": attempt},
             )
             job = folded
-            text = await self._write(job, platform)
+            text = await self._write(job, listing)
         return job, text
 
-    async def _write(self, job: Job, platform: Platform) -> str:
+    async def _listing(self, job: Job) -> Listing | None:
+        """The listing the chat is about, for the writer (best effort: None without)."""
+        if self._listings is None:
+            return None
+        return await self._listings.of(job.platform, job.account_id, job.chat_id, job.chat_key)
+
+    async def _write(self, job: Job, listing: Listing | None) -> str:
         """The reply's text: the greeting for a job of bot commands only, without a model
         call; else the writer's. Either way the reply takes the same path to the chat (a
         reply longer than the platform takes goes out in parts)."""
         history, batch = for_the_writer(job)
         if not batch:
             return self._greeting
-        return await self._writer.write(history, batch)
+        return await self._writer.write(history, batch, listing)
+
+    async def _mark_read(self, job: Job, platform: Platform) -> None:
+        """Mark the answered chat read in the seller's app (Avito), best effort: the reply
+        is sent and recorded, and a failure here changes nothing about it."""
+        if not isinstance(platform, ChatManners):
+            return
+        try:
+            await platform.mark_read(job.account_id, job.chat_id)
+        except Exception as exc:
+            CHAT_READ_FAILURES.labels(platform=platform.name).inc()
+            reason = exc.reason if isinstance(exc, Failure) else f"{type(exc).__name__}: {exc}"
+            logger.warning(
+                "job %s: replied, but %s was not marked read: %s",
+                job.job_id,
+                job.chat_key,
+                reason,
+                extra={"job_id": job.job_id, "chat": job.chat_key},
+            )
 
     async def _failed(self, db: JobSession, job: Job, failure: Failure, *, stage: str) -> None:
         """A failure that left nothing on the platform: retry later, or give up for good."""
@@ -268,6 +302,7 @@ class Responder:
                     extra={"job_id": job.job_id, "attempt": attempt},
                 )
                 await db.record_sent(job, state.text, found.message_id)
+                await self._mark_read(job, platform)
                 return
             logger.info(
                 "job %s: our reply is not in the chat; sending it",

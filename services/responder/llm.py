@@ -1,6 +1,7 @@
 """Reply generation. With LLM_BASE_URL: an OpenAI-compatible model (short timeout,
 max_retries=0: the queue owns the retry budget). Without: the built-in facts responder,
-deterministic, answering from FACTS_FILE."""
+deterministic, answering from FACTS_FILE. Either answers in the buyer's language, and
+knows the listing the chat is about when the platform gives one (Avito)."""
 
 from __future__ import annotations
 
@@ -16,6 +17,7 @@ import openai
 from shared import metrics
 
 from .failures import Failure, Kind, classify_llm
+from .platforms.base import Listing
 
 
 @dataclass(frozen=True)
@@ -25,17 +27,38 @@ class Turn:
 
 
 class ReplyWriter(Protocol):
-    async def write(self, history: Sequence[Turn], batch: Sequence[str]) -> str: ...
+    async def write(
+        self, history: Sequence[Turn], batch: Sequence[str], listing: Listing | None = None
+    ) -> str:
+        """The reply to ``batch`` (the buyer's messages), after ``history``, about ``listing``."""
+        ...
 
     async def aclose(self) -> None: ...
 
 
 SYSTEM_PROMPT = (
     "You answer buyers on behalf of a seller in a marketplace chat. Answer every question in the "
-    "buyer's latest messages in one short, friendly reply, in the buyer's language. Use only the "
-    "facts below; if they do not cover a question, say a person will follow up. Never promise "
-    "what the seller does not do.\n\nFacts:\n{facts}"
+    "buyer's latest messages in one short, friendly reply, in the buyer's language: the language "
+    "their messages are written in (a buyer writing Russian gets Russian). Use only the facts "
+    "below and the listing; if they do not cover a question, say a person will follow up. Never "
+    "promise what the seller does not do.\n\nFacts:\n{facts}"
 )
+#: Added to the system prompt when the chat is about a listing.
+LISTING_PROMPT = "\n\nThe buyer writes about this listing: {listing}"
+
+
+def listing_text(listing: Listing) -> str:
+    """The listing in one line: “title”, price, url (what is known)."""
+    return ", ".join(p for p in (f"“{listing.title}”", listing.price, listing.url) if p)
+
+
+def buyer_language(texts: Sequence[str]) -> str:
+    """The language the buyer writes in, as far as the facts responder tells them apart:
+    "ru" when Cyrillic letters outnumber Latin ones, else "en"."""
+    joined = " ".join(texts).lower()
+    cyrillic = sum(1 for c in joined if "а" <= c <= "я" or c == "ё")
+    latin = sum(1 for c in joined if "a" <= c <= "z")
+    return "ru" if cyrillic > latin else "en"
 
 
 class OpenAIWriter:
@@ -46,8 +69,11 @@ class OpenAIWriter:
         self._model = model
         self._system = SYSTEM_PROMPT.format(facts=facts or "(none given)")
 
-    async def write(self, history: Sequence[Turn], batch: Sequence[str]) -> str:
-        messages: list[dict[str, str]] = [{"role": "system", "content": self._system}]
+    async def write(
+        self, history: Sequence[Turn], batch: Sequence[str], listing: Listing | None = None
+    ) -> str:
+        system = self._system + (LISTING_PROMPT.format(listing=listing_text(listing)) if listing else "")
+        messages: list[dict[str, str]] = [{"role": "system", "content": system}]
         for turn in history:
             messages.append({"role": "user" if turn.role == "buyer" else "assistant", "content": turn.text})
         messages.append({"role": "user", "content": "\n".join(batch)})
@@ -75,7 +101,9 @@ class OpenAIWriter:
 
 DEFAULT_FACTS = """\
 # Built-in facts, used when CHATQ_FACTS_FILE is not set. Format: one fact per line,
-# "keyword, keyword: answer"; [we do not] lists what the seller does not do.
+# "keyword, keyword: answer"; [we do not] lists what the seller does not do. A section
+# named with a language ([facts: ru], [we do not: ru]) answers buyers writing in it; the
+# unnamed sections answer everyone else, in English.
 [facts]
 available, still, in stock, есть, актуально: Yes, it is available.
 deliver, delivery, shipping, доставка, доставите: We ship across the country; delivery takes 2-5 days.
@@ -83,7 +111,18 @@ price, cost, discount, cheaper, цена, скидка: The price in the listing
 pick up, pickup, самовывоз: Pick-up is possible by appointment.
 [we do not]
 trade, exchange, обмен: We do not accept trades.
+
+[facts: ru]
+есть, актуал, в наличии, продаете, продаёте, продано: Да, в наличии.
+доставк, отправ, пришлете, пришлёте: Отправляем по всей стране, доставка занимает 2-5 дней.
+цен, стоит, стоимост, скидк, торг, дешевле, уступ: Цена в объявлении окончательная.
+самовывоз, забрать, заберу: Самовывоз возможен по договорённости.
+[we do not: ru]
+обмен, поменя: Обмен не рассматриваем.
 """
+
+#: The language of the unnamed sections of a facts file.
+DEFAULT_LANGUAGE = "en"
 
 
 @dataclass(frozen=True)
@@ -92,16 +131,55 @@ class Fact:
     answer: str
 
 
-def parse_facts(text: str) -> tuple[list[Fact], list[Fact]]:
-    facts: list[Fact] = []
-    refusals: list[Fact] = []
-    section = facts
+@dataclass
+class FactBook:
+    """The facts of one language, and what the seller does not do."""
+
+    facts: list[Fact]
+    refusals: list[Fact]
+
+
+@dataclass(frozen=True)
+class Words:
+    """The facts responder's own words in one language."""
+
+    hello: str
+    fallback: str
+    #: Before the answers when the chat is about a listing: {title}, {price} (" (price)" or "").
+    about: str
+    #: The fallback when the chat is about a listing.
+    fallback_about: str
+
+
+WORDS = {
+    "en": Words(
+        hello="Hello!",
+        fallback="Thank you for your message! The seller will get back to you shortly.",
+        about="About “{title}”{price}:",
+        fallback_about="Thank you for your message about “{title}”! The seller will get back to you shortly.",
+    ),
+    "ru": Words(
+        hello="Здравствуйте!",
+        fallback="Спасибо за сообщение! Продавец скоро ответит.",
+        about="По объявлению «{title}»{price}:",
+        fallback_about="Спасибо за сообщение по объявлению «{title}»! Продавец скоро ответит.",
+    ),
+}
+
+_SECTION = re.compile(r"^\[(facts|we do not)(?:\s*:\s*([a-z]{2}))?\]$")
+
+
+def parse_facts(text: str) -> dict[str, FactBook]:
+    """A facts file, by language (the unnamed sections are DEFAULT_LANGUAGE's)."""
+    books: dict[str, FactBook] = {}
+    section = books.setdefault(DEFAULT_LANGUAGE, FactBook([], [])).facts
     for raw in text.splitlines():
         line = raw.strip()
         if not line or line.startswith("#"):
             continue
-        if line.lower() in ("[facts]", "[we do not]"):
-            section = facts if line.lower() == "[facts]" else refusals
+        if header := _SECTION.match(line.lower()):
+            book = books.setdefault(header.group(2) or DEFAULT_LANGUAGE, FactBook([], []))
+            section = book.facts if header.group(1) == "facts" else book.refusals
             continue
         keywords, sep, answer = line.partition(":")
         if not sep or not answer.strip():
@@ -109,30 +187,44 @@ def parse_facts(text: str) -> tuple[list[Fact], list[Fact]]:
         section.append(
             Fact(tuple(k.strip().lower() for k in keywords.split(",") if k.strip()), answer.strip())
         )
-    return facts, refusals
+    return books
 
 
 class FactsWriter:
-    """Answers from the seller's facts, deterministically: every fact whose keyword
-    appears in the batch, in file order; a hand-over line when none does."""
+    """Answers from the seller's facts, deterministically, in the buyer's language when the
+    facts have a section in it (else in English): every fact whose keyword appears in the
+    batch, in file order, after the listing the chat is about; a hand-over line when none
+    does."""
 
-    FALLBACK = "Thank you for your message! The seller will get back to you shortly."
+    FALLBACK = WORDS[DEFAULT_LANGUAGE].fallback
 
     def __init__(self, facts_text: str) -> None:
-        self._facts, self._refusals = parse_facts(facts_text)
+        self._books = parse_facts(facts_text)
 
-    async def write(self, history: Sequence[Turn], batch: Sequence[str]) -> str:
+    async def write(
+        self, history: Sequence[Turn], batch: Sequence[str], listing: Listing | None = None
+    ) -> str:
         started = time.perf_counter()
-        words = " ".join(batch).lower()
+        language = buyer_language(batch)
+        if language not in self._books or language not in WORDS:
+            language = DEFAULT_LANGUAGE
+        book, words = self._books[language], WORDS[language]
+        said = " ".join(batch).lower()
         answers = [
-            f.answer for f in (*self._refusals, *self._facts) if any(_mentions(words, k) for k in f.keywords)
+            f.answer for f in (*book.refusals, *book.facts) if any(_mentions(said, k) for k in f.keywords)
         ]
         # Keep each answer once, refusals first so the buyer hears them.
         seen: list[str] = []
         for a in answers:
             if a not in seen:
                 seen.append(a)
-        text = "Hello! " + " ".join(seen) if seen else self.FALLBACK
+        if not seen:
+            text = words.fallback_about.format(title=listing.title) if listing else words.fallback
+        elif listing is None:
+            text = " ".join([words.hello, *seen])
+        else:
+            price = f" ({listing.price})" if listing.price else ""
+            text = " ".join([words.hello, words.about.format(title=listing.title, price=price), *seen])
         metrics.LLM_SECONDS.labels(outcome="ok").observe(time.perf_counter() - started)
         return text
 

@@ -5,6 +5,7 @@ their documents do not allow), the test session's Postgres and RabbitMQ."""
 from __future__ import annotations
 
 import asyncio
+import os
 import subprocess
 import sys
 
@@ -40,7 +41,7 @@ async def chatq(settings: Settings, *args: str, **env: str) -> subprocess.Comple
     """``chatq`` in its own process; nothing it prints may carry a secret."""
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.cli", *args],
+        [sys.executable, "-m", "shared.cli", "--env-file", os.devnull, *args],
         capture_output=True,
         text=True,
         env=settings_env(settings, **env),

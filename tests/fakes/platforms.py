@@ -1,5 +1,6 @@
 """In-repo fakes of the outside world, one HTTP server: the Telegram Bot API, Avito (token,
-Messenger: send, list messages, chats, webhook subscriptions), an OpenAI-compatible model,
+Messenger: send, list messages, chats, mark read, webhook subscriptions; buyers write with
+``FakeWorld.avito_buyer_writes``), an OpenAI-compatible model,
 a generic reply endpoint and an alert sink. They record what they receive and fail on
 demand.
 
@@ -27,8 +28,8 @@ timeout and do nothing: as unknown to the caller, but nothing happened), ``"late
 (Avito send: hold past the timeout, and do the action N s after the request), ``"slow:N"``
 (answer after N s), ``"quota"`` (LLM: 429 insufficient_quota).
 Targets: telegram.send, telegram.webhook (setWebhook, deleteWebhook, getWebhookInfo),
-avito.send, avito.list, avito.token, avito.webhook (subscribe, list, unsubscribe),
-generic.send, llm; ``telegram.send:<chat_id>`` fails only that chat's sends.
+avito.send, avito.list (a chat's messages), avito.chats (the chat list), avito.chat (one
+chat), avito.read, avito.token, avito.webhook (subscribe, list, unsubscribe), generic.send, llm; ``telegram.send:<chat_id>`` fails only that chat's sends.
 """
 
 from __future__ import annotations
@@ -146,8 +147,13 @@ class FakeWorld:
     avito_messenger_plan: bool = True
     #: The Avito account's webhook subscriptions (URLs), in the order they were made.
     avito_subscriptions: list[str] = field(default_factory=list)
-    #: (user_id, chat_id) -> the chat as Avito describes it (``add_avito_chat``).
+    #: (user_id, chat_id) -> the chat as Avito describes it (``add_avito_chat``), with two
+    #: keys of the fake's own: ``unread`` and ``chat_type`` (u2i, u2u, a2u).
     avito_chats: dict[tuple[str, str], dict[str, Any]] = field(default_factory=dict)
+    #: Messages buyers wrote in Avito chats (``avito_buyer_writes``), oldest first.
+    avito_inbox: list[dict[str, Any]] = field(default_factory=list)
+    #: (user_id, chat_id) of every chat marked read, in order.
+    avito_reads: list[tuple[str, str]] = field(default_factory=list)
     #: Telegram bots by token, made on first use.
     telegram_bots: dict[str, TelegramBot] = field(default_factory=dict)
     #: Tokens Telegram no longer accepts (revoked in @BotFather): every call is 401.
@@ -211,8 +217,10 @@ class FakeWorld:
         title: str = "Bicycle",
         price: str = "12 000 ₽",
         unread: bool = True,
+        chat_type: str = "u2i",
+        updated: int | None = None,
     ) -> None:
-        now = int(time.time())
+        now = int(time.time()) if updated is None else updated
         self.avito_chats[(str(user_id), chat_id)] = {
             "id": chat_id,
             "created": now,
@@ -228,6 +236,60 @@ class FakeWorld:
             },
             "users": [{"id": int(user_id), "name": "Seller"}, {"id": 555, "name": "Buyer"}],
             "unread": unread,
+            "chat_type": chat_type,
+        }
+
+    def avito_buyer_writes(
+        self,
+        user_id: str | int,
+        chat_id: str,
+        text: str | None = "Is it still available?",
+        *,
+        author_id: int = 555,
+        kind: str = "text",
+        message_id: str | None = None,
+    ) -> dict[str, Any]:
+        """A buyer writes in an Avito chat (made when new): the message is in the chat's
+        list, the chat unread; returns the webhook Avito would deliver for it (a test
+        posts it, late, or never)."""
+        user_id = str(user_id)
+        chat = self.avito_chats.get((user_id, chat_id))
+        if chat is None:
+            self.add_avito_chat(user_id, chat_id)
+            chat = self.avito_chats[(user_id, chat_id)]
+        now = int(time.time())
+        seq = next(self.ids)
+        message = {
+            "id": message_id or f"in-{seq}",
+            "seq": seq,
+            "user_id": user_id,
+            "chat_id": chat_id,
+            "author_id": author_id,
+            "type": kind,
+            "text": text,
+            "created": now,
+        }
+        self.avito_inbox.append(message)
+        chat["unread"], chat["updated"] = True, now
+        return {
+            "id": f"evt-{message['id']}",
+            "version": "v3.0.0",
+            "timestamp": now,
+            "payload": {
+                "type": "message",
+                "value": {
+                    "id": message["id"],
+                    "chat_id": chat_id,
+                    "user_id": int(user_id),
+                    "author_id": author_id,
+                    "created": now,
+                    "type": kind,
+                    "chat_type": chat["chat_type"],
+                    "content": {"text": text} if text is not None else {},
+                    "item_id": chat["context"]["value"]["id"],
+                    "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
+                },
+            },
         }
 
     def replies_to(self, chat_id: str) -> list[str]:
@@ -559,46 +621,72 @@ async def _avito_send(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSO
     )
 
 
-async def _avito_list(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
-    user_id, chat_id = str(check.path_params["user_id"]), str(check.path_params["chat_id"])
-    items = [
-        {
-            "id": m["id"],
-            "author_id": int(user_id),
-            "created": m["created"],
-            "direction": "out",
-            "type": "text",
-            "content": {"text": m["text"]},
-        }
-        for m in reversed(world.avito)
+def _avito_messages(world: FakeWorld, user_id: str, chat_id: str) -> list[dict[str, Any]]:
+    """The chat's messages as Avito lists them (``Messages``), newest first: the buyers'
+    (in) and the account's (out)."""
+    chat = world.avito_chats.get((user_id, chat_id))
+    unread = bool(chat and chat["unread"])
+    listed = [
+        (
+            int(m["id"].removeprefix("av-")) if m["id"].startswith("av-") else 0,
+            {
+                "id": m["id"],
+                "author_id": int(user_id),
+                "created": m["created"],
+                "direction": "out",
+                "type": "text",
+                "content": {"text": m["text"]},
+                "is_read": True,
+            },
+        )
+        for m in world.avito
         if m["chat_id"] == chat_id and m["user_id"] == user_id
     ]
-    # A bare array, newest first (Avito's ``Messages`` schema).
-    return JSONResponse(items[: check.query.get("limit", 100)])
+    listed += [
+        (
+            m["seq"],
+            {
+                "id": m["id"],
+                "author_id": m["author_id"],
+                "created": m["created"],
+                "direction": "in",
+                "type": m["type"],
+                "content": {"text": m["text"]} if m["text"] is not None else {},
+                "is_read": not unread,
+            },
+        )
+        for m in world.avito_inbox
+        if m["chat_id"] == chat_id and m["user_id"] == user_id
+    ]
+    listed.sort(key=lambda pair: (pair[1]["created"], pair[0]), reverse=True)
+    return [item for _, item in listed]
+
+
+async def _avito_list(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    user_id, chat_id = str(check.path_params["user_id"]), str(check.path_params["chat_id"])
+    offset, limit = check.query.get("offset", 0), check.query.get("limit", 100)
+    # A bare array, newest first (Avito's ``Messages`` schema), one page of it.
+    return JSONResponse(_avito_messages(world, user_id, chat_id)[offset : offset + limit])
 
 
 def _chat(world: FakeWorld, user_id: str, chat: dict[str, Any]) -> dict[str, Any]:
-    out = {k: v for k, v in chat.items() if k != "unread"}
-    sent = [m for m in world.avito if m["user_id"] == user_id and m["chat_id"] == chat["id"]]
-    if sent:
-        last = sent[-1]
-        out["last_message"] = {
-            "id": last["id"],
-            "author_id": int(user_id),
-            "created": last["created"],
-            "direction": "out",
-            "type": "text",
-            "content": {"text": last["text"]},
-        }
+    out = {k: v for k, v in chat.items() if k not in ("unread", "chat_type")}
+    messages = _avito_messages(world, user_id, chat["id"])
+    if messages:
+        out["last_message"] = {k: v for k, v in messages[0].items() if k != "is_read"}
     return out
 
 
 async def _avito_chats(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
     user_id = str(check.path_params["user_id"])
+    # Avito's default is chats about listings only (chat_types: u2i).
+    types = check.query.get("chat_types", ["u2i"])
     chats = [
         c
         for (owner, _), c in world.avito_chats.items()
-        if owner == user_id and (c["unread"] or not check.query.get("unread_only", False))
+        if owner == user_id
+        and c["chat_type"] in types
+        and (c["unread"] or not check.query.get("unread_only", False))
     ]
     chats.sort(key=lambda c: c["updated"], reverse=True)
     offset, limit = check.query.get("offset", 0), check.query.get("limit", 100)
@@ -611,6 +699,15 @@ async def _avito_chat(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSO
     if chat is None:
         return avito_error(404)
     return JSONResponse(_chat(world, user_id, chat))
+
+
+async def _avito_read(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    user_id, chat_id = str(check.path_params["user_id"]), str(check.path_params["chat_id"])
+    world.avito_reads.append((user_id, chat_id))
+    chat = world.avito_chats.get((user_id, chat_id))
+    if chat is not None:
+        chat["unread"] = False
+    return JSONResponse({"ok": True})
 
 
 async def _avito_subscribe(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
@@ -635,8 +732,9 @@ AVITO_OPERATIONS: dict[str, tuple[str | None, AvitoHandler]] = {
     "getAccessToken": ("avito.token", _avito_token),
     "postSendMessage": ("avito.send", _avito_send),
     "getMessagesV3": ("avito.list", _avito_list),
-    "getChatsV2": (None, _avito_chats),
-    "getChatByIdV2": (None, _avito_chat),
+    "getChatsV2": ("avito.chats", _avito_chats),
+    "getChatByIdV2": ("avito.chat", _avito_chat),
+    "chatRead": ("avito.read", _avito_read),
     "postWebhookV3": ("avito.webhook", _avito_subscribe),
     "getSubscriptions": ("avito.webhook", _avito_subscriptions),
     "postWebhookUnsubscribe": ("avito.webhook", _avito_unsubscribe),

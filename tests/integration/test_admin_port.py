@@ -105,3 +105,11 @@ async def test_without_an_admin_port_one_app_serves_everything(settings) -> None
         assert (await client.get("/v1/stats", headers=ADMIN)).status_code == 200
         assert (await client.get("/ops")).status_code == 200
         assert "chatq_webhooks_total" in (await client.get("/metrics/")).text
+
+
+async def test_metrics_answer_at_slash_metrics_without_a_redirect(settings) -> None:
+    async with running_receiver(settings) as (_, client):
+        r = await client.get("/metrics", follow_redirects=False)
+        assert r.status_code == 200, r.status_code
+        assert r.headers["content-type"].startswith("text/plain")
+        assert "chatq_webhooks_total" in r.text

@@ -20,7 +20,7 @@ from pydantic import SecretStr
 
 from services.responder.failures import Failure
 from services.responder.platforms.avito import AvitoPlatform, AvitoToken
-from services.responder.platforms.base import Attempts, SentQuery
+from services.responder.platforms.base import Attempts, Listing, SentQuery
 from services.responder.platforms.telegram import TelegramPlatform
 from services.responder.ratelimit import AccountRateLimiter
 from shared.connect import ConnectError, connect_avito, connect_telegram
@@ -110,6 +110,20 @@ async def drive_the_responders_adapters(world: FakeWorld, client: httpx.AsyncCli
     query = SentQuery("777", "u2i-chat-1", "job-6", Attempts("Yes, it is available.", long_ago, long_ago))
     await avito.find_sent(query)
     await avito.probe("777")  # whether the account is refused as a whole
+    # What the poller and the reply writer ask: unread chats (every page), a chat's buyer
+    # messages (paged back), a chat's listing; and marking a chat read after a reply.
+    for n in range(105):
+        world.add_avito_chat("777", f"u2i-many-{n}", updated=n)
+    world.avito_buyer_writes("777", "u2i-chat-1", "Still there?")
+    assert len(await avito.unread_chats("777")) == 105 + 1
+    assert [m["content"]["text"] for m in await avito.buyer_messages("777", "u2i-chat-1", 0)] == [
+        "Still there?"
+    ]
+    assert (await avito.listing("777", "u2i-many-3")) == Listing(
+        "Bicycle", "12 000 ₽", "https://www.avito.ru/moskva/velosipedy/u2i-many-3"
+    )
+    await avito.mark_read("777", "u2i-chat-1")
+    assert ("777", "u2i-chat-1") in world.avito_reads
     await telegram.probe("4242")
 
 
@@ -170,6 +184,8 @@ def test_the_source_scan_finds_the_calls_the_code_makes() -> None:
     assert avito_operations_in_code() == {
         "getAccessToken",
         "getChatsV2",
+        "getChatByIdV2",
+        "chatRead",
         "postSendMessage",
         "getMessagesV3",
         "getSubscriptions",

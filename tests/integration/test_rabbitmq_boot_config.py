@@ -147,7 +147,7 @@ def test_a_node_booted_with_the_deploy_config_has_our_user_topology_policies_and
             # The application user is no administrator: no management API, no UI.
             assert httpx.get(f"{api}/whoami", auth=(USER, PASSWORD), timeout=10).status_code == 401
             overview = client.get(f"{api}/overview").json()
-            # README "Supported versions": the tested line is 3.10.
+            # docs/deploying.md "Supported versions": the tested line is 3.10.
             assert overview["rabbitmq_version"].startswith("3.10."), overview["rabbitmq_version"]
             queues = {q["name"]: q for q in client.get(f"{api}/queues/%2F").json()}
             topology = build_topology()

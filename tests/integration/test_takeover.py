@@ -94,6 +94,11 @@ async def test_a_buyer_writing_while_the_seller_holds_the_chat_waits_until_a_per
     assert doc["status"] == "waiting"
     assert doc["status_text"].startswith("held by the seller until")
     assert world.replies_to("t2") == []
+    # Waiting on purpose, not late: counted apart, out of the Backlog and its oldest age.
+    numbers = (await stack.client.get("/v1/stats", headers=ADMIN)).json()
+    assert numbers["backlog"]["held"]["count"] == 1
+    assert numbers["backlog"]["waiting"]["count"] == 0
+    assert numbers["backlog_total"] == 0 and numbers["oldest_unfinished_age_seconds"] == 0
 
     r = await stack.client.post("/v1/chats/avito:777:t2/resume", headers=ADMIN)
     assert r.status_code == 200

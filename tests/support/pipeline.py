@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 import asyncpg
 
+from services.receiver.app import ReceiverApps
 from shared.settings import Settings
 from tests.conftest import ADMIN_TOKEN, GENERIC_SECRET, TELEGRAM_SECRET, replace
 from tests.fakes.platforms import FakeWorld
@@ -30,6 +31,7 @@ def pipeline_settings(settings: Settings, world: FakeWorld, **overrides: object)
         "coalescer_poll_seconds": 0.1,
         "relay_poll_seconds": 0.1,
         "metrics_port": 0,
+        "avito_poll_seconds": 0,
         "telegram_api_base": world.url,
         "avito_client_id": "client-1",
         "avito_client_secret": "client-secret",
@@ -48,9 +50,11 @@ def pipeline_settings(settings: Settings, world: FakeWorld, **overrides: object)
 
 
 class Pipeline:
-    def __init__(self, client, pool: asyncpg.Pool) -> None:
+    def __init__(self, client, pool: asyncpg.Pool, receiver: ReceiverApps | None = None) -> None:
         self.client = client
         self.pool = pool
+        #: The receiver's apps (``running_pipeline``): its runtime is ``receiver.public.state.runtime``.
+        self.receiver = receiver
 
     async def telegram(self, update_id: int, chat: int, text: str) -> str:
         r = await self.client.post(
@@ -83,8 +87,8 @@ class Pipeline:
 async def running_pipeline(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Pipeline]:
     """Receiver, coalescer and responder running in-process on ``settings``."""
     async with (
-        running_receiver(settings) as (_, client),
+        running_receiver(settings) as (receiver, client),
         running_coalescers(settings),
         running_responders(settings),
     ):
-        yield Pipeline(client, pool)
+        yield Pipeline(client, pool, receiver)

@@ -256,7 +256,7 @@ def test_every_deployment_has_probes_limits_a_budget_and_a_grace_period_that_cov
         d for d in docs if d["kind"] == "ConfigMap" and d["metadata"]["name"].startswith("chatqueue-config")
     )
     assert set(config["data"]) <= SETTINGS_ENV, set(config["data"]) - SETTINGS_ENV
-    # README "Grace periods": drain >= the longest job, from the overlay's own values;
+    # docs/deploying.md "Grace periods": drain >= the longest job, from the overlay's own values;
     # terminationGracePeriodSeconds >= preStop + drain + closing.
     drain = float(config["data"]["CHATQ_SHUTDOWN_GRACE_SECONDS"])
     worst = tuning(config["data"]).worst_case_job_seconds()
@@ -531,15 +531,15 @@ def test_the_prod_secret_is_one_documented_instruction_whose_keys_pass_the_produ
         "--from-env-file=deploy/k8s/overlays/prod/secrets.env"
     )
     kustomization = (DEPLOY / "k8s" / "overlays" / "prod" / "kustomization.yaml").read_text()
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "deploying.md").read_text()
     for where, text in [
         ("overlay", kustomization),
         ("example", PROD_SECRETS.read_text()),
-        ("README", readme),
+        ("docs/deploying.md", readme),
     ]:
         assert instruction in text, f"the {where} does not give the one instruction"
     assert "secret generic chatqueue-secrets --from-env-file=" not in readme.replace(instruction, ""), (
-        "the README names another file"
+        "docs/deploying.md names another file"
     )
     required, named = secret_keys(PROD_SECRETS)
     assert set(required) == {
@@ -572,7 +572,7 @@ def test_the_prod_secret_is_one_documented_instruction_whose_keys_pass_the_produ
 
 
 def test_at_maximum_scale_every_connection_fits_in_the_documented_postgres_max_connections() -> None:
-    """README "Connections": each process's pool at its maximum, at KEDA's maximum replicas
+    """docs/deploying.md "Connections": each process's pool at its maximum, at KEDA's maximum replicas
     plus the one pod a rollout adds, plus the init containers of the surging pods, a
     person's sessions and Postgres' superuser reserve."""
     docs = kustomize(OVERLAYS[1])
@@ -592,10 +592,12 @@ def test_at_maximum_scale_every_connection_fits_in_the_documented_postgres_max_c
         needed += pods * config.database_connections(name.removeprefix("chatqueue-"))
         needed += dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"]  # its init container
     needed += PERSON_SESSIONS + SUPERUSER_RESERVED
-    readme = (ROOT / "README.md").read_text()
+    readme = (ROOT / "docs" / "deploying.md").read_text()
     documented = int(re.search(r"`max_connections` of at least (\d+)", readme).group(1))
-    assert needed <= documented, f"{needed} connections at maximum scale, the README asks for {documented}"
-    assert f"= {needed}" in readme, "the README shows the same arithmetic"
+    assert needed <= documented, (
+        f"{needed} connections at maximum scale, docs/deploying.md asks for {documented}"
+    )
+    assert f"= {needed}" in readme, "docs/deploying.md shows the same arithmetic"
     # compose: one process of each, the one-shot migration, within its Postgres' setting.
     command = compose()["services"]["postgres"]["command"]
     limit = int(next(c.split("=")[1] for c in command if c.startswith("max_connections=")))

@@ -1,5 +1,5 @@
 """Upgrades without downtime: during a rollout the previous release's pods run against
-the new schema (README "Upgrades without downtime"), so a migration must keep working for
+the new schema (docs/deploying.md "Upgrades without downtime"), so a migration must keep working for
 the code one release back. Statements that break it - dropping or renaming a table or
 column, changing a column's type, adding NOT NULL, emptying a table - need a marker
 comment in the same statement saying why it is safe now (typically: the previous
@@ -100,4 +100,4 @@ def test_the_rule_starts_after_the_last_migration_released_before_it() -> None:
     versions = [m.version for m in load_migrations()]
     assert LAST_BEFORE_THE_RULE in versions
     assert (MIGRATIONS_DIR / "0009_accounts.sql").exists()
-    assert "chatq:destructive" in (Path(__file__).resolve().parents[2] / "README.md").read_text()
+    assert "chatq:destructive" in (Path(__file__).resolve().parents[2] / "docs" / "deploying.md").read_text()

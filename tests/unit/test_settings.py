@@ -1,5 +1,7 @@
 from __future__ import annotations
 
+import os
+
 import pytest
 from pydantic import ValidationError
 
@@ -32,8 +34,21 @@ def test_production_refuses_short_secrets() -> None:
 
 
 def test_a_telegram_secret_outside_telegrams_alphabet_is_refused() -> None:
-    with pytest.raises(ValidationError, match="A-Z a-z 0-9"):
-        Settings(telegram_webhook_secret="has spaces")
+    with pytest.raises(ValidationError, match="A-Z a-z 0-9") as refused:
+        Settings(telegram_webhook_secret="has two spaces")
+    assert "2 of its characters are not allowed" in str(refused.value)
+    assert "has two spaces" not in str(refused.value)
+    with pytest.raises(ValidationError, match="3 of its characters"):
+        Settings(telegram_webhook_secret="base64+with/slash=")
+    with pytest.raises(ValidationError, match="it has 257 characters"):
+        Settings(telegram_webhook_secret="a" * 257)
+    with pytest.raises(ValidationError, match="it has 0 characters"):
+        Settings(telegram_webhook_secret="")
+
+
+def test_a_telegram_secret_of_telegrams_alphabet_is_taken() -> None:
+    for secret in ("a", "A-z_0-9", "x" * 256, "k3Jq9vXw2LmP8rTz-_Qa"):
+        assert Settings(telegram_webhook_secret=secret).telegram_webhook_secret.get_secret_value() == secret
 
 
 def test_reply_delays_must_be_an_interval() -> None:
@@ -105,16 +120,56 @@ def test_a_refusal_does_not_print_the_values_it_was_given() -> None:
     assert "amqp://" not in str(refused.value)
 
 
-def test_the_launcher_makes_an_admin_token_for_local_development_only() -> None:
+def test_the_launcher_makes_an_admin_token_for_local_development_only(tmp_path) -> None:
     from services.__main__ import child_environment
 
-    env, token = child_environment(Settings(), {"PATH": "/bin"})
+    env_file = str(tmp_path / ".env")
+    env, token = child_environment(Settings(), {"PATH": "/bin"}, env_file)
     assert token is not None and len(token) >= 16
     assert env == {"PATH": "/bin", "CHATQ_ADMIN_TOKEN": token}
     server = Settings(http_host="0.0.0.0", **SERVER_CREDENTIALS)
-    assert child_environment(server, {"PATH": "/bin"}) == ({"PATH": "/bin"}, None)
+    assert child_environment(server, {"PATH": "/bin"}, str(tmp_path / "server.env")) == (
+        {"PATH": "/bin"},
+        None,
+    )
     given = Settings(admin_token="a-token-the-person-chose")
-    assert child_environment(given, {}) == ({}, None)
+    assert child_environment(given, {"CHATQ_ADMIN_TOKEN": "a-token-the-person-chose"}, env_file) == (
+        {"CHATQ_ADMIN_TOKEN": "a-token-the-person-chose"},
+        None,
+    )
+    assert child_environment(Settings(), {}, None) == ({}, None)
+
+
+def test_make_runs_admin_token_is_the_same_on_the_second_start_and_only_its_owner_reads_it(
+    tmp_path,
+) -> None:
+    from services.__main__ import child_environment
+
+    env_file = tmp_path / ".env"
+    env_file.write_text("CHATQ_TELEGRAM_BOT_TOKEN=123:abc")  # the seller's own line, no newline
+    _, first = child_environment(Settings(_env_file=env_file), {}, str(env_file))
+    second_env, second = child_environment(Settings(_env_file=env_file), {}, str(env_file))
+    assert first is not None and second == first
+    assert second_env == {"CHATQ_TELEGRAM_BOT_TOKEN": "123:abc", "CHATQ_ADMIN_TOKEN": first}
+    assert Settings(_env_file=env_file).admin_token.get_secret_value() == first
+    assert env_file.read_text().count("CHATQ_ADMIN_TOKEN=") == 1
+    assert env_file.read_text().startswith("CHATQ_TELEGRAM_BOT_TOKEN=123:abc\n")
+    assert env_file.stat().st_mode & 0o777 == 0o600
+
+
+def test_the_environment_wins_over_the_env_file(tmp_path, monkeypatch) -> None:
+    from shared.envfile import merged_environment
+
+    monkeypatch.setenv("CHATQ_LLM_MODEL", "from-env")
+    env_file = tmp_path / ".env"
+    env_file.write_text("CHATQ_QUIET_SECONDS=3\nCHATQ_LLM_MODEL=from-file\nPOSTGRES_PASSWORD=not-ours\n")
+    settings = Settings(_env_file=env_file)
+    assert (settings.quiet_seconds, settings.llm_model) == (3, "from-env")
+    assert merged_environment({"CHATQ_LLM_MODEL": "from-env"}, env_file) == {
+        "CHATQ_QUIET_SECONDS": "3",
+        "CHATQ_LLM_MODEL": "from-env",
+    }
+    assert merged_environment({}, tmp_path / "missing.env") == {}
 
 
 # ---- placeholders ----------------------------------------------------------------------
@@ -306,3 +361,14 @@ def test_the_greeting_has_a_plain_default_and_must_fit_one_telegram_message(monk
     for value in ("   ", "x" * 4097):
         with pytest.raises(ValidationError, match="GREETING must be 1-4096 characters"):
             Settings(greeting=value)
+
+
+def test_chatq_reads_the_admin_token_from_the_env_file_and_not_without_it(tmp_path, monkeypatch) -> None:
+    from shared.cli import EXIT_UNREACHABLE, EXIT_USAGE, main
+
+    monkeypatch.delenv("CHATQ_ADMIN_TOKEN", raising=False)
+    monkeypatch.delenv("CHATQ_ADMIN_URL", raising=False)
+    env_file = tmp_path / ".env"
+    env_file.write_text("CHATQ_ADMIN_TOKEN=kept-by-make-run-0123456789\nCHATQ_ADMIN_URL=http://127.0.0.1:9\n")
+    assert main(["--env-file", str(env_file), "stats"]) == EXIT_UNREACHABLE  # the token was found
+    assert main(["--env-file", os.devnull, "stats"]) == EXIT_USAGE  # "set CHATQ_ADMIN_TOKEN"

@@ -5,7 +5,7 @@
 #   chatq    - the application role: owns the chatqueue database and its schema (so the
 #              migrations can create and alter its tables) and nothing else; not a
 #              superuser, cannot create roles or databases.
-# Managed Postgres: run the same statements as its admin user (README "Roles").
+# Managed Postgres: run the same statements as its admin user (docs/deploying.md "Roles").
 # Variables: CHATQ_DB_USER, CHATQ_DB_PASSWORD, CHATQ_DB_NAME.
 set -eu
 psql -v ON_ERROR_STOP=1 --username "$POSTGRES_USER" --dbname "${POSTGRES_DB:-postgres}" \

@@ -1,7 +1,10 @@
 """Avito Messenger v3 webhooks. Avito cannot sign deliveries, so the URL carries a random
 secret (``/v1/webhooks/avito/{secret}``). Dedupe on (user_id, value.id). Our own sent
 messages come back (author_id == user_id) and are stored as ignored, as are system
-messages and anything without text."""
+messages, chats with Avito itself (chat_type a2u) and anything without text.
+
+``message_intake`` is the one rule for an Avito message, whether a webhook brought it or
+the poller found it in an unread chat (services/receiver/recovery.py)."""
 
 from __future__ import annotations
 
@@ -28,6 +31,7 @@ class AvitoMessageValue(_Model):
     author_id: int
     created: int | None = None
     type: str
+    chat_type: str | None = None
     content: AvitoContent | None = None
 
 
@@ -74,28 +78,59 @@ def normalise(data: object, raw: str) -> Intake:
         ) from None
     if not value.chat_id or not value.id:
         raise ApiError(422, "invalid_payload", "Avito message without chat_id or id")
-    account_id = str(value.user_id)
-    text = value.content.text if value.content else None
+    return message_intake(
+        account_id=str(value.user_id),
+        chat_id=value.chat_id,
+        message_id=value.id,
+        author_id=value.author_id,
+        kind=value.type,
+        chat_type=value.chat_type,
+        text=value.content.text if value.content else None,
+        created=value.created,
+        raw=raw,
+    )
+
+
+#: Avito's chat type for a chat between the user and Avito itself.
+AVITO_CHAT_TYPE = "a2u"
+
+
+def message_intake(
+    *,
+    account_id: str,
+    chat_id: str,
+    message_id: str,
+    author_id: int,
+    kind: str,
+    chat_type: str | None,
+    text: str | None,
+    created: int | None,
+    raw: str,
+) -> Intake:
+    """An Avito message as the inbox stores it: to answer, or ignored with the reason.
+    ``account_id`` is the account's user_id (our side of the chat)."""
     reason: str | None = None
-    written_by_account = value.author_id == value.user_id
-    if written_by_account:
+    written_by_account = str(author_id) == account_id and chat_type != AVITO_CHAT_TYPE
+    if chat_type == AVITO_CHAT_TYPE:
+        reason = "a chat with Avito itself (a2u): not answered"
+    elif written_by_account:
         # Our own reply coming back, or the seller answering by hand: decided when stored.
         reason = "written by the account"
-    elif value.type == "system":
+    elif kind == "system":
         reason = "Avito system message"
-    elif value.type != "text" or text is None:
-        reason = f"unsupported message type ({value.type})"
+    elif kind != "text" or text is None:
+        reason = f"unsupported message type ({kind})"
     elif not text.strip():
         reason = "empty message"
     return Intake(
         platform="avito",
         account_id=account_id,
         event_id=None,
-        chat_id=value.chat_id,
-        message_id=value.id,
-        author_id=str(value.author_id),
+        chat_id=chat_id,
+        message_id=message_id,
+        author_id=str(author_id),
         text=text,
-        sent_at=epoch_to_datetime(value.created),
+        sent_at=epoch_to_datetime(created),
         payload=raw,
         ignored_reason=reason,
         written_by_seller=written_by_account,

@@ -11,17 +11,23 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
+from typing import Any
 
 import asyncpg
 
 from ..failures import Failure, Kind
 from ..ratelimit import AccountRateLimiter
-from .base import Answer, Attempts, HttpClient, Sent, SentQuery, TooEarly, call, raise_for
+from .base import Answer, Attempts, HttpClient, Listing, Sent, SentQuery, TooEarly, call, raise_for
 
 logger = logging.getLogger(__name__)
 
-#: Avito's page size limit for a chat's messages.
+#: Avito's page size limit for a chat's messages and for chats, and the furthest offset it
+#: takes (its documents: limit at most 100, offset at most 1000).
 LIST_LIMIT = 100
+MAX_OFFSET = 1000
+#: The chats the poller reads: about a listing (u2i) and between users (u2u); a chat with
+#: Avito itself (a2u) is never answered.
+ANSWERED_CHAT_TYPES = "u2i,u2u"
 #: How far Avito's clock may be from ours when matching an interrupted send by time.
 CLOCK_SKEW_SECONDS = 5.0
 
@@ -155,9 +161,13 @@ class AvitoPlatform:
         self._limiter = limiter
         self._send_timeout = client.timeout.read or 10.0
 
-    async def _authorized(self, account_id: str, method: str, url: str, **kwargs: object) -> Answer:
+    async def _authorized(
+        self, account_id: str, method: str, url: str, *, refresh: bool = True, **kwargs: object
+    ) -> Answer:
+        """The request with the account's token; ``refresh``: once more with a fresh token
+        when Avito refuses this one (a call that may do without skips it)."""
         stale: str | None = None
-        for _ in range(2):
+        for _ in range(2 if refresh else 1):
             token = await self._token.get(stale=stale)
             response = await call(
                 self._client,
@@ -256,6 +266,53 @@ class AvitoPlatform:
             return Sent(str(message_id))
         return None
 
+    async def unread_chats(self, account_id: str) -> list[dict[str, Any]]:
+        """The account's unread chats (u2i and u2u), every page, as Avito lists them."""
+        url = f"{self._base}/messenger/v2/accounts/{account_id}/chats"
+        chats: list[dict[str, Any]] = []
+        offset: int | None = 0
+        while offset is not None:
+            params = {"unread_only": "true", "chat_types": ANSWERED_CHAT_TYPES, "limit": LIST_LIMIT}
+            response = await self._authorized(account_id, "GET", url, params={**params, "offset": offset})
+            raise_for(response, _detail(response))
+            body = _json(response, "chat list")
+            page = _objects(body.get("chats") if isinstance(body, dict) else None, "chat list")
+            chats += page
+            offset = next_offset(offset, len(page))
+        return chats
+
+    async def buyer_messages(self, account_id: str, chat_id: str, since: float) -> list[dict[str, Any]]:
+        """The chat's buyer messages since its latest message from the account (ours or the
+        seller's: what came before it is answered) and not older than ``since`` (epoch
+        seconds), oldest first; paged back until one of the two is reached."""
+        url = f"{self._base}/messenger/v3/accounts/{account_id}/chats/{chat_id}/messages/"
+        items: list[dict[str, Any]] = []
+        offset: int | None = 0
+        while offset is not None:
+            response = await self._authorized(
+                account_id, "GET", url, params={"limit": LIST_LIMIT, "offset": offset}
+            )
+            raise_for(response, _detail(response))
+            page = _objects(_json(response, "message list"), "message list")
+            items += page
+            found, reached = since_last_answer(items, account_id, since)
+            offset = None if reached else next_offset(offset, len(page))
+        return found
+
+    async def listing(self, account_id: str, chat_id: str) -> Listing | None:
+        """The listing the chat is about (title, price, url), or None for a chat about none."""
+        url = f"{self._base}/messenger/v2/accounts/{account_id}/chats/{chat_id}"
+        # Best effort (the reply goes out without it): a refused token is the send's to refresh.
+        response = await self._authorized(account_id, "GET", url, refresh=False)
+        raise_for(response, _detail(response))
+        return listing_of(_json(response, "chat"))
+
+    async def mark_read(self, account_id: str, chat_id: str) -> None:
+        """Mark the chat read in the seller's Avito app (sending does not)."""
+        url = f"{self._base}/messenger/v1/accounts/{account_id}/chats/{chat_id}/read"
+        response = await self._authorized(account_id, "POST", url)
+        raise_for(response, _detail(response))
+
     def _window(self, attempts: Attempts) -> tuple[float, float]:
         """When Avito may have created a message these attempts sent (epoch seconds; its
         ``created`` is whole seconds)."""
@@ -281,3 +338,60 @@ def _detail(response: Answer) -> str:
 
 def _is_time(value: object) -> bool:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def next_offset(offset: int, got: int, limit: int = LIST_LIMIT) -> int | None:
+    """The offset of the page after the one at ``offset`` that held ``got`` items; None when
+    that was the last page (a short one), or the next is past the furthest offset Avito
+    takes."""
+    if got < limit:
+        return None
+    following = offset + limit
+    return following if following <= MAX_OFFSET else None
+
+
+def since_last_answer(
+    items: list[dict[str, Any]], account_id: str, since: float
+) -> tuple[list[dict[str, Any]], bool]:
+    """The buyer's messages among ``items`` (a chat's messages, as Avito lists them) that came
+    after the chat's latest message from the account and not before ``since``, oldest
+    first; and whether the items reach back that far (older pages need not be read). A
+    message from the account (direction ``out``, or its author) answers all before it; a
+    message without an id or a time is none we could store."""
+    ordered = sorted(items, key=lambda i: i["created"] if _is_time(i.get("created")) else 0, reverse=True)
+    found: list[dict[str, Any]] = []
+    for item in ordered:
+        if item.get("direction") == "out" or str(item.get("author_id")) == account_id:
+            return found[::-1], True
+        created = item.get("created")
+        if not _is_time(created) or not isinstance(item.get("id"), str) or not item["id"]:
+            continue
+        if created < since:
+            return found[::-1], True
+        if item.get("direction") == "in":
+            found.append(item)
+    return found[::-1], False
+
+
+def listing_of(chat: object) -> Listing | None:
+    """The listing in a chat's ``context`` (type ``item``: title, price_string, url)."""
+    context = chat.get("context") if isinstance(chat, dict) else None
+    value = context.get("value") if isinstance(context, dict) and context.get("type") == "item" else None
+    if not isinstance(value, dict):
+        return None
+    return Listing.from_json(
+        {"title": value.get("title"), "price": value.get("price_string"), "url": value.get("url")}
+    )
+
+
+def _json(response: Answer, what: str) -> Any:
+    try:
+        return response.json()
+    except ValueError:
+        raise Failure(Kind.TRANSIENT, f"Avito's {what} is not JSON") from None
+
+
+def _objects(value: object, what: str) -> list[dict[str, Any]]:
+    if not isinstance(value, list) or not all(isinstance(i, dict) for i in value):
+        raise Failure(Kind.TRANSIENT, f"Avito's {what} has a shape we do not know")
+    return value

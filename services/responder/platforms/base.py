@@ -7,7 +7,7 @@ import time
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Protocol
+from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
@@ -20,6 +20,38 @@ from ..ratelimit import AccountRateLimiter
 @dataclass(frozen=True)
 class Sent:
     message_id: str
+
+
+@dataclass(frozen=True)
+class Listing:
+    """What a chat is about, as the platform describes it (Avito: the listing of a u2i
+    chat), for the reply writer."""
+
+    title: str
+    price: str | None = None
+    url: str | None = None
+
+    def as_json(self) -> dict[str, str | None]:
+        return {"title": self.title, "price": self.price, "url": self.url}
+
+    @classmethod
+    def from_json(cls, data: object) -> Listing | None:
+        if not isinstance(data, dict) or not isinstance(data.get("title"), str) or not data["title"]:
+            return None
+        price, url = data.get("price"), data.get("url")
+        return cls(
+            data["title"], price if isinstance(price, str) else None, url if isinstance(url, str) else None
+        )
+
+
+@runtime_checkable
+class ChatManners(Protocol):
+    """What a platform offers beyond sending (Avito): the chat's listing, and marking a
+    chat read once it is answered."""
+
+    async def listing(self, account_id: str, chat_id: str) -> Listing | None: ...
+
+    async def mark_read(self, account_id: str, chat_id: str) -> None: ...
 
 
 @dataclass(frozen=True)

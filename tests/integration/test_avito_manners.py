@@ -1,0 +1,217 @@
+"""Avito manners (issue 16): a buyer message whose webhook never came is found by the poll
+and answered once, whatever the webhook does later; an answered chat is marked read
+(a failure there fails nothing); the reply writer knows the chat's listing and answers in
+the buyer's language; chats with Avito itself are not answered."""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+
+import asyncpg
+import pytest
+from prometheus_client import REGISTRY
+
+from services.receiver.app import Runtime
+from services.receiver.recovery import POLL_LOCK_KEY
+from shared.settings import Settings
+from tests.conftest import AVITO_SECRET, replace
+from tests.fakes.platforms import FakeWorld
+from tests.support.broker import wait_for
+from tests.support.payloads import avito_webhook
+from tests.support.pipeline import Pipeline, running_pipeline
+from tests.support.receiver import running_receiver
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
+
+ME = "777"
+DELIVERY = "Hello! About “Bicycle” (12 000 ₽): We ship across the country; delivery takes 2-5 days."
+URL = f"/v1/webhooks/avito/{AVITO_SECRET}"
+
+
+@dataclass
+class Stack:
+    p: Pipeline
+    runtime: Runtime
+
+    async def poll(self) -> int:
+        assert self.runtime.recovery is not None
+        return await self.runtime.recovery.poll()
+
+
+@pytest.fixture
+def polling(fast: Settings) -> Settings:
+    """The poller on, its rounds driven by the test (the start-up round runs at once)."""
+    return replace(fast, avito_poll_seconds=3600)
+
+
+@pytest.fixture
+async def stack(polling: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
+    async with running_pipeline(polling, pool) as p:
+        assert p.receiver is not None
+        yield Stack(p, p.receiver.public.state.runtime)
+
+
+def recovered_total() -> float:
+    return REGISTRY.get_sample_value("chatq_recovered_messages_total", {"platform": "avito"}) or 0.0
+
+
+def read_failures() -> float:
+    return REGISTRY.get_sample_value("chatq_chat_read_failures_total", {"platform": "avito"}) or 0.0
+
+
+async def known_account(s: Stack, world: FakeWorld) -> None:
+    """The account speaks once through a webhook, and is answered: the inbox knows it."""
+    hook = world.avito_buyer_writes(ME, "u2i-known", "Is it still available?")
+    r = await s.p.client.post(URL, json=hook)
+    assert r.status_code == 200, r.text
+    assert (await s.p.settled(r.json()["operation_id"]))["status"] == "replied"
+
+
+async def operation_of(pool: asyncpg.Pool, message_id: str) -> asyncpg.Record:
+    return await pool.fetchrow(
+        "SELECT id, status, status_reason FROM operations WHERE platform = 'avito' AND message_id = $1",
+        message_id,
+    )
+
+
+async def test_a_message_whose_webhook_never_came_is_found_by_the_poll_and_answered_once(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    await known_account(stack, world)
+    before = recovered_total()
+    lost = world.avito_buyer_writes(ME, "u2i-lost", "Do you deliver?")
+    assert await stack.poll() == 1
+    op = await operation_of(pool, lost["payload"]["value"]["id"])
+    doc = await stack.p.settled(str(op["id"]))
+    assert doc["status"] == "replied"
+    assert world.replies_to("u2i-lost") == [DELIVERY]
+    assert recovered_total() == before + 1
+    kinds = [e["kind"] for e in doc["timeline"]]
+    assert kinds[:2] == ["recovered", "received"]
+    assert doc["timeline"][0]["event"] == "recovered by poll: the platform's webhook never brought it"
+    # The answered chat is read in the seller's app now; the next poll finds nothing.
+    assert (ME, "u2i-lost") in world.avito_reads
+    assert await stack.poll() == 0
+
+    # The webhook comes after all: the same operation, a duplicate, no second reply.
+    late = await stack.p.client.post(URL, json=lost)
+    assert late.json() == {"ok": True, "operation_id": str(op["id"]), "status": "replied", "duplicate": True}
+    assert world.replies_to("u2i-lost") == [DELIVERY]
+    assert await pool.fetchval("SELECT count(*) FROM operations WHERE chat_id = 'u2i-lost'") == 1
+
+
+async def test_a_message_the_webhook_brought_is_not_stored_again_by_the_poll(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    # The chat stays unread: marking it read fails after the reply.
+    world.fail("avito.read", "503")
+    failures = read_failures()
+    await known_account(stack, world)
+    assert read_failures() == failures + 1  # the reply stands; the failure is counted
+    world.avito_buyer_writes(ME, "u2i-known", "And the price?")  # a second one, its webhook lost
+    assert await stack.poll() == 1
+    assert await stack.poll() == 0
+    events = await pool.fetchval("SELECT count(*) FROM operation_events WHERE kind = 'duplicate'")
+    assert events == 0  # a poll that finds what is stored writes nothing
+    assert await pool.fetchval("SELECT count(*) FROM operations WHERE chat_id = 'u2i-known'") == 2
+
+
+async def test_what_came_before_the_accounts_latest_message_is_answered_already(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    await known_account(stack, world)
+    world.avito_buyer_writes(ME, "u2i-old", "Hello?")  # answered by our reply below
+    world.avito.append(
+        {"id": "av-900", "user_id": ME, "chat_id": "u2i-old", "text": "Hi! Yes.", "created": 2**31 - 1}
+    )
+    assert await stack.poll() == 0
+    assert await pool.fetchval("SELECT count(*) FROM operations WHERE chat_id = 'u2i-old'") == 0
+
+
+async def test_only_one_replica_polls_at_a_time(stack: Stack, world: FakeWorld, pool: asyncpg.Pool) -> None:
+    await known_account(stack, world)
+    world.avito_buyer_writes(ME, "u2i-lost", "Do you deliver?")
+    async with pool.acquire() as other_replica:
+        assert await other_replica.fetchval("SELECT pg_try_advisory_lock($1)", POLL_LOCK_KEY)
+        try:
+            calls = len(world.platform_calls)
+            assert await stack.poll() == 0
+            assert len(world.platform_calls) == calls  # it did not ask Avito anything
+        finally:
+            await other_replica.execute("SELECT pg_advisory_unlock($1)", POLL_LOCK_KEY)
+    assert await stack.poll() == 1
+
+
+async def test_the_poll_runs_at_start_up_for_what_arrived_while_the_service_was_down(
+    polling: Settings, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    async with running_receiver(polling) as (_, client):
+        hook = world.avito_buyer_writes(ME, "u2i-known", "Is it still available?")
+        assert (await client.post(URL, json=hook)).status_code == 200
+    world.avito_buyer_writes(ME, "u2i-while-down", "Hello, do you deliver?")
+    async with running_receiver(polling):
+        await wait_for(
+            lambda: pool.fetchval("SELECT count(*) = 1 FROM operations WHERE chat_id = 'u2i-while-down'"),
+            what="the start-up poll to store the message",
+        )
+
+
+async def test_the_reply_writer_knows_the_listing_and_a_russian_buyer_is_answered_in_russian(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    world.add_avito_chat(ME, "u2i-bike", title="Велосипед Stels", price="12 000 ₽")
+    hook = world.avito_buyer_writes(ME, "u2i-bike", "Здравствуйте! Велосипед ещё продаёте? Какая цена?")
+    r = await stack.p.client.post(URL, json=hook)
+    assert (await stack.p.settled(r.json()["operation_id"]))["status"] == "replied"
+    assert world.replies_to("u2i-bike") == [
+        "Здравствуйте! По объявлению «Велосипед Stels» (12 000 ₽): Да, в наличии. Цена в объявлении окончательная."
+    ]
+    cached = await pool.fetchval("SELECT listing FROM chat_listings WHERE chat_key = 'avito:777:u2i-bike'")
+    assert cached == {
+        "title": "Велосипед Stels",
+        "price": "12 000 ₽",
+        "url": "https://www.avito.ru/moskva/velosipedy/u2i-bike",
+    }
+    # The next reply of the chat reads the cached listing, not Avito.
+    asked = sum(1 for c in world.platform_calls if c.name == "getChatByIdV2")
+    hook = world.avito_buyer_writes(ME, "u2i-bike", "А доставка есть?")
+    r = await stack.p.client.post(URL, json=hook)
+    assert (await stack.p.settled(r.json()["operation_id"]))["status"] == "replied"
+    assert world.replies_to("u2i-bike")[-1].startswith("Здравствуйте! По объявлению «Велосипед Stels»")
+    assert sum(1 for c in world.platform_calls if c.name == "getChatByIdV2") == asked
+
+
+async def test_the_model_is_told_the_listing_and_the_buyers_language(
+    fast: Settings, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    s = replace(fast, llm_base_url=f"{world.url}/v1")
+    world.add_avito_chat(ME, "u2i-car", title="Mazda 3 2008", price="300 000 ₽")
+    async with running_pipeline(s, pool) as p:
+        hook = world.avito_buyer_writes(ME, "u2i-car", "Is it still available?")
+        r = await p.client.post(URL, json=hook)
+        assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
+    system = world.llm[-1]["messages"][0]["content"]
+    assert "in the buyer's language" in system
+    assert system.endswith(
+        "The buyer writes about this listing: “Mazda 3 2008”, 300 000 ₽, "
+        "https://www.avito.ru/moskva/velosipedy/u2i-car"
+    )
+
+
+async def test_a_chat_with_avito_itself_is_stored_as_ignored_with_the_reason(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    body = avito_webhook("sys-1", chat_id="a2u-1", author_id=0, text="Ваше объявление опубликовано")
+    body["payload"]["value"]["chat_type"] = "a2u"
+    r = await stack.p.client.post(URL, json=body)
+    assert r.json()["status"] == "ignored"
+    doc = await stack.p.status(r.json()["operation_id"])
+    assert doc["status_text"] == "not for the bot: a chat with Avito itself (a2u): not answered"
+    system = avito_webhook(
+        "sys-2", chat_id="u2i-9", author_id=0, type_="system", text="Покупатель оплатил заказ"
+    )
+    r = await stack.p.client.post(URL, json=system)
+    assert (await stack.p.status(r.json()["operation_id"]))[
+        "status_text"
+    ] == "not for the bot: Avito system message"

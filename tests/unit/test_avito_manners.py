@@ -1,0 +1,180 @@
+"""The pure parts of the Avito manners (issue 16): paging through Avito's lists, which listed
+messages are a buyer's still unanswered, the listing a chat is about, the buyer's language
+and the facts responder's answer in it, and which Avito messages are never answered."""
+
+from __future__ import annotations
+
+import pytest
+
+from services.receiver.webhooks.avito import message_intake
+from services.responder.llm import DEFAULT_FACTS, FactsWriter, buyer_language, listing_text, parse_facts
+from services.responder.platforms.avito import listing_of, next_offset, since_last_answer
+from services.responder.platforms.base import Listing
+
+pytestmark = pytest.mark.unit
+
+ME = "777"
+
+
+def msg(id_: str, created: int, *, direction: str = "in", author: int = 555, **extra: object) -> dict:
+    return {
+        "id": id_,
+        "created": created,
+        "direction": direction,
+        "author_id": int(ME) if direction == "out" else author,
+        "type": "text",
+        "content": {"text": f"text of {id_}"},
+        **extra,
+    }
+
+
+def test_a_full_page_asks_for_the_next_and_a_short_one_ends_the_list() -> None:
+    assert next_offset(0, 100) == 100
+    assert next_offset(100, 100) == 200
+    assert next_offset(200, 37) is None
+    assert next_offset(0, 0) is None
+
+
+def test_paging_stops_at_the_furthest_offset_avito_takes() -> None:
+    assert next_offset(900, 100) == 1000
+    assert next_offset(1000, 100) is None
+
+
+def test_the_buyers_messages_since_the_accounts_latest_are_found_oldest_first() -> None:
+    items = [msg("b3", 130), msg("b2", 120), msg("r1", 110, direction="out"), msg("b1", 100)]
+    found, reached = since_last_answer(items, ME, since=0)
+    assert [m["id"] for m in found] == ["b2", "b3"]
+    assert reached  # older pages need not be read
+
+
+def test_a_list_in_any_order_is_read_newest_first() -> None:
+    items = [msg("b1", 100), msg("r1", 110, direction="out"), msg("b3", 130), msg("b2", 120)]
+    assert [m["id"] for m in since_last_answer(items, ME, since=0)[0]] == ["b2", "b3"]
+
+
+def test_a_message_the_seller_wrote_by_hand_answers_those_before_it() -> None:
+    seller = msg("s1", 110, author=int(ME))  # listed as the account's, whatever its direction says
+    found, _ = since_last_answer([msg("b2", 120), seller, msg("b1", 100)], ME, since=0)
+    assert [m["id"] for m in found] == ["b2"]
+
+
+def test_messages_older_than_the_horizon_are_left_alone() -> None:
+    found, reached = since_last_answer([msg("b2", 120), msg("b1", 100)], ME, since=110)
+    assert [m["id"] for m in found] == ["b2"] and reached
+
+
+def test_a_chat_of_buyer_messages_only_asks_for_the_older_page() -> None:
+    found, reached = since_last_answer([msg("b2", 120), msg("b1", 100)], ME, since=0)
+    assert [m["id"] for m in found] == ["b1", "b2"] and not reached
+
+
+def test_listed_items_without_an_id_or_a_time_are_skipped() -> None:
+    items = [
+        msg("b2", 120),
+        {"direction": "in", "created": 115},
+        msg("", 112),
+        {**msg("b1", 100), "created": "x"},
+    ]
+    assert [m["id"] for m in since_last_answer(items, ME, since=0)[0]] == ["b2"]
+
+
+def test_the_listing_is_read_from_the_chats_item_context() -> None:
+    chat = {
+        "id": "u2i-1",
+        "context": {
+            "type": "item",
+            "value": {
+                "id": 1,
+                "title": "Mazda 3 2008",
+                "price_string": "300 000 ₽",
+                "url": "https://avito.ru/x",
+            },
+        },
+    }
+    assert listing_of(chat) == Listing("Mazda 3 2008", "300 000 ₽", "https://avito.ru/x")
+    assert listing_text(Listing("Mazda 3 2008", "300 000 ₽", "https://avito.ru/x")) == (
+        "“Mazda 3 2008”, 300 000 ₽, https://avito.ru/x"
+    )
+    assert listing_text(Listing("Mazda 3 2008")) == "“Mazda 3 2008”"
+
+
+@pytest.mark.parametrize(
+    "chat",
+    [
+        {"id": "u2u-1"},
+        {"context": {"type": "user", "value": {"title": "not a listing"}}},
+        {"context": {"type": "item", "value": {"id": 1}}},
+        {"context": {"type": "item", "value": "garbage"}},
+        [],
+    ],
+)
+def test_a_chat_about_no_listing_has_none(chat: object) -> None:
+    assert listing_of(chat) is None
+
+
+def test_the_buyers_language_is_the_script_they_write_in() -> None:
+    assert buyer_language(["Здравствуйте! Велосипед ещё продаёте?"]) == "ru"
+    assert buyer_language(["Is it still available?"]) == "en"
+    assert buyer_language(["iPhone 12 ещё в наличии?"]) == "ru"
+    assert buyer_language(["👍"]) == "en"
+
+
+def test_the_built_in_facts_answer_in_english_and_in_russian() -> None:
+    books = parse_facts(DEFAULT_FACTS)
+    assert set(books) == {"en", "ru"}
+    assert books["ru"].facts and books["ru"].refusals
+
+
+async def test_a_russian_speaking_buyer_is_answered_in_russian_about_the_listing() -> None:
+    writer = FactsWriter(DEFAULT_FACTS)
+    listing = Listing("Велосипед Stels", "12 000 ₽", "https://avito.ru/1")
+    reply = await writer.write([], ["Здравствуйте, велосипед ещё актуален? Какая цена?"], listing)
+    assert reply == (
+        "Здравствуйте! По объявлению «Велосипед Stels» (12 000 ₽): Да, в наличии. Цена в объявлении окончательная."
+    )
+    assert await writer.write([], ["Можно обменять на самокат?"]) == "Здравствуйте! Обмен не рассматриваем."
+
+
+async def test_an_english_speaking_buyer_hears_the_listings_title_and_price() -> None:
+    writer = FactsWriter(DEFAULT_FACTS)
+    reply = await writer.write([], ["Is it still available?"], Listing("Bicycle", "12 000 ₽"))
+    assert reply == "Hello! About “Bicycle” (12 000 ₽): Yes, it is available."
+    assert await writer.write([], ["Is it still available?"]) == "Hello! Yes, it is available."
+
+
+async def test_a_facts_file_without_the_buyers_language_answers_in_its_own() -> None:
+    writer = FactsWriter("[facts]\nцена, price: The price is final.\n")
+    assert await writer.write([], ["Какая цена?"]) == "Hello! The price is final."
+    assert await writer.write([], ["Что-то ещё"]) == FactsWriter.FALLBACK
+
+
+def intake(**changes: object):
+    values: dict = {
+        "account_id": ME,
+        "chat_id": "c1",
+        "message_id": "m1",
+        "author_id": 555,
+        "kind": "text",
+        "chat_type": "u2i",
+        "text": "Still there?",
+        "created": 1_700_000_000,
+        "raw": "{}",
+    }
+    values.update(changes)
+    return message_intake(**values)
+
+
+def test_a_chat_with_avito_itself_is_never_answered_nor_taken_for_the_seller() -> None:
+    a2u = intake(chat_type="a2u", author_id=int(ME))
+    assert a2u.ignored_reason == "a chat with Avito itself (a2u): not answered"
+    assert not a2u.written_by_seller
+    assert intake(chat_type="a2u").ignored_reason == "a chat with Avito itself (a2u): not answered"
+
+
+def test_system_messages_and_the_accounts_own_are_stored_as_ignored_with_the_reason() -> None:
+    assert intake(kind="system").ignored_reason == "Avito system message"
+    own = intake(author_id=int(ME))
+    assert own.written_by_seller and own.ignored_reason == "written by the account"
+    assert intake(kind="image", text=None).ignored_reason == "unsupported message type (image)"
+    assert intake().ignored_reason is None
+    assert intake(chat_type=None).ignored_reason is None  # the poll does not know the type
