@@ -14,7 +14,7 @@ export CHATQ_TEST_DATABASE_URL CHATQ_TEST_AMQP_URL CHATQ_TEST_RABBITMQ_API_URL
 
 PYTEST_ARGS ?=
 
-.PHONY: install test unit integration e2e lint run demo chaos soak migrate definitions services-check bench tools-bench tools-test clean
+.PHONY: install test unit integration e2e lint types run demo chaos soak migrate definitions services-check bench tools-bench tools-test clean
 
 install: $(STAMP)
 
@@ -38,8 +38,9 @@ tools-test:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	@command -v kubectl >/dev/null || command -v kustomize >/dev/null || { echo "need kubectl or kustomize on PATH to render deploy/k8s"; exit 1; }
 
-# Every test: unit, integration and e2e. Exit 5 (no tests collected) is a failure.
-test: install tools-test services-check
+# Every test: unit, integration and e2e, after the type check. Exit 5 (no tests
+# collected) is a failure.
+test: install types tools-test services-check
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
 
@@ -52,9 +53,13 @@ integration: install services-check
 e2e: install services-check
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
 
-lint: install
+lint: install types
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
+
+# mypy over shared/ and services/, strict where pyproject's [tool.mypy] says.
+types: install
+	$(BIN)/mypy
 
 # Regenerate deploy/rabbitmq/definitions.json from shared/broker/topology.py.
 definitions: install

@@ -81,6 +81,8 @@ class Api:
             raise CliError(
                 EXIT_REFUSED, f"{err.get('code', response.status_code)}: {err.get('message', response.text)}"
             )
+        if not isinstance(body, dict):
+            raise CliError(EXIT_UNREACHABLE, f"the receiver answered {method} {path} with no JSON object")
         return body
 
 

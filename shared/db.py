@@ -3,9 +3,14 @@
 from __future__ import annotations
 
 import json
-from typing import Any
+from typing import Any, TypeAlias
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
+
+#: A connection as the state functions take it: one of their own, or one acquired from a
+#: pool (asyncpg hands out a proxy, which mypy tells apart from a Connection).
+Conn: TypeAlias = "asyncpg.Connection[asyncpg.Record] | PoolConnectionProxy[asyncpg.Record]"
 
 
 async def _init_connection(conn: asyncpg.Connection) -> None:
@@ -18,6 +23,13 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     release: RESET ALL, UNLISTEN, advisory unlock). Pooled connections here never change
     session state; asyncpg still rolls back any open transaction before this runs.
     Code that needs session state (LISTEN, advisory locks) takes its own connection."""
+
+
+def one(row: asyncpg.Record | None) -> asyncpg.Record:
+    """The row of a query that always returns one (an aggregate, a function's result)."""
+    if row is None:
+        raise LookupError("the query returned no row where it always returns one")
+    return row
 
 
 async def create_pool(dsn: str, *, size: int = 10, **kwargs: Any) -> asyncpg.Pool:

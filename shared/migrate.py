@@ -225,6 +225,7 @@ async def wait_until_current(dsn: str, *, within: float, interval: float = 2.0) 
     Kubernetes runs this as an init container while the migration Job does the work."""
     deadline = asyncio.get_running_loop().time() + within
     while True:
+        missing: list[int | str]
         try:
             conn = await asyncpg.connect(dsn, timeout=5)
             try:
@@ -233,7 +234,7 @@ async def wait_until_current(dsn: str, *, within: float, interval: float = 2.0) 
                 await conn.close()
         except (OSError, asyncpg.PostgresError) as exc:
             logger.info("waiting for the database: %s", type(exc).__name__)
-            missing: list[int | str] = [-1]
+            missing = [-1]
         if not missing or asyncio.get_running_loop().time() >= deadline:
             return missing
         await asyncio.sleep(interval)

@@ -37,6 +37,7 @@ import asyncpg
 from shared import metrics
 from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
+from shared.db import Conn
 from shared.faults import fault_point
 from shared.lifecycle import every
 from shared.settings import Settings
@@ -74,7 +75,7 @@ def insert_args(message: OutboxMessage) -> tuple[Any, ...]:
     )
 
 
-async def enqueue(conn: asyncpg.Connection, message: OutboxMessage) -> None:
+async def enqueue(conn: Conn, message: OutboxMessage) -> None:
     """Add a message to the outbox. Must run inside the caller's transaction, so the
     message exists if and only if the caller's state change committed."""
     if not conn.is_in_transaction():
@@ -82,7 +83,7 @@ async def enqueue(conn: asyncpg.Connection, message: OutboxMessage) -> None:
     await conn.execute(INSERT_SQL, *insert_args(message))
 
 
-async def enqueue_many(conn: asyncpg.Connection, messages: list[OutboxMessage]) -> None:
+async def enqueue_many(conn: Conn, messages: list[OutboxMessage]) -> None:
     """``enqueue`` for several messages, in one round trip."""
     if not conn.is_in_transaction():
         raise RuntimeError("outbox.enqueue_many must run inside the caller's transaction")

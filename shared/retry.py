@@ -3,8 +3,9 @@ give up. Tiers are the topology's TTL queues (RETRY_DELAYS_SECONDS)."""
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
+from decimal import Decimal
 
 ATTEMPT_HEADER = "chatq-attempt"
 ERROR_HEADER = "chatq-last-error"
@@ -46,24 +47,30 @@ def next_retry(
     return RetryPlan(next_attempt=failed_attempt + 1, delay=delay)
 
 
-def attempt_of(headers: dict[str, object] | None) -> int:
-    """The attempt a delivered message is on (1 when it carries no header)."""
-    value = (headers or {}).get(ATTEMPT_HEADER)
+def _header_int(headers: Mapping[str, object] | None, name: str) -> int | None:
+    """A header read as a whole number: None when absent or not one (a header is
+    whatever the publisher put there: a number, a string of digits, bytes, or junk)."""
+    value = (headers or {}).get(name)
+    if isinstance(value, bool) or not isinstance(value, int | float | Decimal | str | bytes):
+        return None
     try:
-        return max(1, int(value))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 1
+        return int(value)
+    except (ValueError, OverflowError):
+        return None
+
+
+def attempt_of(headers: Mapping[str, object] | None) -> int:
+    """The attempt a delivered message is on (1 when it carries no header)."""
+    value = _header_int(headers, ATTEMPT_HEADER)
+    return 1 if value is None else max(1, value)
 
 
 #: Set by quorum queues on a redelivered message: its unsuccessful deliveries so far.
 DELIVERY_COUNT_HEADER = "x-delivery-count"
 
 
-def delivery_count_of(headers: dict[str, object] | None) -> int:
+def delivery_count_of(headers: Mapping[str, object] | None) -> int:
     """How many times the broker delivered this message before without success (0 on the
     first delivery)."""
-    value = (headers or {}).get(DELIVERY_COUNT_HEADER)
-    try:
-        return max(0, int(value))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return 0
+    value = _header_int(headers, DELIVERY_COUNT_HEADER)
+    return 0 if value is None else max(0, value)

@@ -1,27 +1,22 @@
-"""The coalescer's composition root: builds every part from the settings, runs them
-until SIGTERM, then drains (stop consuming, finish and ack in-flight messages, let the
-relay publish what was emitted, close)."""
+"""The coalescer's composition root: declares every part, built from the settings, on
+the shared supervisor (shared/runner.py), which runs them until SIGTERM and drains."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import httpx
 
 from shared import metrics
 from shared.alerts import Alerter
-from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer
 from shared.broker.dead_letters import DeadLetterRecorder
-from shared.broker.topology import COALESCER_DEAD_QUEUE, COALESCER_QUEUE, JOBS_EXCHANGE, build_topology
-from shared.db import create_pool
-from shared.lifecycle import every, freeze_startup_heap
-from shared.migrate import migrate_dsn
+from shared.broker.topology import COALESCER_DEAD_QUEUE, COALESCER_QUEUE, JOBS_EXCHANGE
 from shared.ops_http import consumer_readiness, ops_server
 from shared.outbox import Relay
 from shared.retention import Retention
+from shared.runner import Supervisor, serve
 from shared.settings import Settings
 
 from .service import Coalescer
@@ -40,19 +35,22 @@ def policy_from(settings: Settings) -> WindowPolicy:
     )
 
 
-async def run(settings: Settings, stop: asyncio.Event) -> None:
-    dsn = settings.database_url.get_secret_value()
-    if settings.migrate_on_start:
-        await migrate_dsn(dsn)
+async def run(settings: Settings, stop: asyncio.Event) -> int:
+    """Serve until ``stop`` is set, then drain; the process's exit status."""
+    return await serve("coalescer", settings, stop, lambda parts: declare(parts, settings))
+
+
+async def declare(parts: Supervisor, settings: Settings) -> None:
+    """The coalescer's parts, in the order they start; they stop in reverse: the
+    consumers drain first (in-flight messages finish and are acked), then the scheduler,
+    then the relay after one last pass publishes what was emitted, then the ops server."""
+    pool = await parts.database(settings.database_pool_size)
     metrics.create_known_series("coalescer")
-    pool = await create_pool(dsn, size=settings.database_pool_size)
-    topology = build_topology(settings.retry_delays())
-    amqp = settings.amqp_url.get_secret_value()
     # Separate connections: a consumer's flow control never blocks the relay's publishes.
-    consume_broker = BrokerConnection(amqp, topology, name="chatq-coalescer")
-    relay_broker = BrokerConnection(amqp, topology, name="chatq-coalescer-relay")
+    consume_broker = parts.broker("chatq-coalescer")
+    relay_broker = parts.broker("chatq-coalescer-relay")
     relay = Relay.from_settings(pool, relay_broker, settings, exchanges=[JOBS_EXCHANGE])
-    http = httpx.AsyncClient(timeout=10)
+    http = parts.closing("alert client", httpx.AsyncClient(timeout=10))
     coalescer = Coalescer(
         pool,
         policy_from(settings),
@@ -71,7 +69,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         coalescer.handle,
         prefetch=settings.coalescer_prefetch,
         on_give_up=coalescer.give_up,
-        delivery_limit=topology.queue(COALESCER_QUEUE).delivery_limit,
+        delivery_limit=parts.topology.queue(COALESCER_QUEUE).delivery_limit,
     )
     dead = Consumer(
         consume_broker,
@@ -86,57 +84,33 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         if await sweeper.sweep():
             relay.notify()
 
+    async def last_relay_pass() -> None:
+        # Emitted jobs leave before we go.
+        relay.notify()
+        try:
+            await asyncio.wait_for(relay.run_once(), timeout=5)
+        finally:
+            relay.stop()
+
     server = ops_server(
         consumer_readiness(consumer, pool, stall_seconds=settings.consumer_stall_seconds, others=[dead]),
         settings.http_host,
         settings.metrics_port,
     )
-    freeze_startup_heap()
-    tasks = {
-        "relay": asyncio.create_task(relay.run(), name="relay"),
-        "scheduler": asyncio.create_task(
-            coalescer.run_scheduler(
-                poll_seconds=settings.coalescer_poll_seconds, batch=settings.coalescer_batch_size
-            ),
-            name="scheduler",
+    grace = settings.shutdown_grace_seconds
+    parts.run("ops-http", server.serve(), stop=lambda: setattr(server, "should_exit", True))
+    parts.run("relay", relay.run(), stop=last_relay_pass)
+    parts.run(
+        "scheduler",
+        coalescer.run_scheduler(
+            poll_seconds=settings.coalescer_poll_seconds, batch=settings.coalescer_batch_size
         ),
-        "consumer": asyncio.create_task(consumer.run(), name="consumer"),
-        "dead": asyncio.create_task(dead.run(), name="dead-letters"),
-        "ops": asyncio.create_task(server.serve(), name="ops-http"),
-        "stats": asyncio.create_task(every(5, "window stats", coalescer.refresh_stats), name="stats"),
-        "sweeper": asyncio.create_task(every(60, "job sweeper", sweep), name="sweeper"),
-    }
-    if settings.retention_days > 0:
-        tasks["retention"] = asyncio.create_task(
-            every(settings.retention_interval_seconds, "retention", retention.purge), name="retention"
-        )
-    logger.info("coalescer running (metrics and health on port %d)", settings.metrics_port)
-    stopper = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait({stopper, *tasks.values()}, return_when=asyncio.FIRST_COMPLETED)
-    for task in done:
-        if task is not stopper and task.exception():
-            logger.error("%s stopped unexpectedly", task.get_name(), exc_info=task.exception())
-    # Drain: no new messages; in-flight ones finish and are acked.
-    await asyncio.gather(
-        consumer.stop(drain_seconds=settings.shutdown_grace_seconds),
-        dead.stop(drain_seconds=settings.shutdown_grace_seconds),
+        stop=coalescer.stop,
     )
-    coalescer.stop()
-    # Give the relay one last pass so emitted jobs leave before we go.
-    relay.notify()
-    with contextlib.suppress(Exception):
-        await asyncio.wait_for(relay.run_once(), timeout=5)
-    relay.stop()
-    server.should_exit = True
-    for name in ("scheduler", "relay", "ops", "consumer", "dead"):
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.wait_for(tasks[name], timeout=5)
-    for name in ("stats", "sweeper", "retention"):
-        if name in tasks:
-            tasks[name].cancel()
-    stopper.cancel()
-    await http.aclose()
-    await consume_broker.close()
-    await relay_broker.close()
-    await pool.close()
-    logger.info("coalescer stopped")
+    parts.every(5, "window stats", coalescer.refresh_stats)
+    parts.every(60, "job sweeper", sweep)
+    if settings.retention_days > 0:
+        parts.every(settings.retention_interval_seconds, "retention", retention.purge)
+    parts.run("dead-letters", dead.run(), stop=lambda: dead.stop(drain_seconds=grace))
+    parts.run("consumer", consumer.run(), stop=lambda: consumer.stop(drain_seconds=grace))
+    logger.info("coalescer running (metrics and health on port %d)", settings.metrics_port)

@@ -26,6 +26,7 @@ from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.consumer import Reject
 from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE
+from shared.db import Conn, one
 from shared.faults import fault_point
 from shared.messages import InboundMessage, JobCaps, JobMessage, ReplyJob
 from shared.outbox import OutboxMessage, enqueue_many
@@ -219,7 +220,7 @@ class Coalescer:
         async with self._pool.acquire() as conn, conn.transaction():
             # The chat's lock serialises its messages across replicas (windows of other
             # chats proceed in parallel); the rest is read under it.
-            row = await conn.fetchrow(_LOCK_CHAT_WINDOW, key, inbound.operation_id)
+            row = one(await conn.fetchrow(_LOCK_CHAT_WINDOW, key, inbound.operation_id))
             if row["duplicate"]:
                 MESSAGES_FILED.labels(outcome="duplicate").inc()
                 return None
@@ -379,7 +380,7 @@ class Coalescer:
         return len(due)
 
     async def _write_jobs(
-        self, conn: asyncpg.Connection, jobs: list[ReplyJob], split: dict[uuid.UUID, uuid.UUID], now: datetime
+        self, conn: Conn, jobs: list[ReplyJob], split: dict[uuid.UUID, uuid.UUID], now: datetime
     ) -> None:
         """The jobs, their windows closed, their operations pointed at them, their outbox
         rows. A job in ``split`` (its window id -> the window it came from) answers part of
@@ -477,7 +478,7 @@ class Coalescer:
             ],
         )
 
-    async def _set_aside(self, conn: asyncpg.Connection, job: ReplyJob, error: asyncpg.PostgresError) -> None:
+    async def _set_aside(self, conn: Conn, job: ReplyJob, error: asyncpg.PostgresError) -> None:
         """A window Postgres refuses to emit: its messages fail with the reason (a person
         may retry them) and the window goes, so the chat is not held by it."""
         reason = f"its window could not be emitted ({type(error).__name__}: {error})"[:500]
@@ -553,7 +554,8 @@ class Coalescer:
                 await asyncio.wait_for(self._wake.wait(), timeout=timeout)
 
     async def seconds_to_next_due(self) -> float | None:
-        return await self._pool.fetchval(_NEXT_DUE)
+        seconds: float | None = await self._pool.fetchval(_NEXT_DUE)
+        return seconds
 
     async def refresh_stats(self) -> int:
         n = await self._pool.fetchval("SELECT count(*) FROM chat_windows WHERE status = 'open'")

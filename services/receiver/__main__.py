@@ -14,8 +14,8 @@ from shared.settings import Settings
 from .app import run
 
 
-async def _main(settings: Settings) -> None:
-    await run(settings, stop_on_signals())
+async def _main(settings: Settings) -> int:
+    return await run(settings, stop_on_signals())
 
 
 def main() -> None:
@@ -24,7 +24,7 @@ def main() -> None:
     arm(settings.fault_point)
     # uvloop where installed, as uvicorn.run chose it: the intake's throughput rests on it.
     with asyncio.Runner(loop_factory=auto_loop_factory()) as runner:
-        runner.run(_main(settings))
+        raise SystemExit(runner.run(_main(settings)))
 
 
 if __name__ == "__main__":

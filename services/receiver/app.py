@@ -5,12 +5,11 @@ surface on two) until SIGTERM, then drains."""
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 import math
 import time
 from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
+from contextlib import AsyncExitStack, asynccontextmanager
 from dataclasses import dataclass
 from typing import Any
 
@@ -25,13 +24,12 @@ from services.responder.platforms.avito import AvitoPlatform, AvitoToken
 from services.responder.ratelimit import AccountRateLimiter
 from shared import metrics
 from shared.broker.connection import BrokerConnection
-from shared.broker.topology import INBOUND_EXCHANGE, build_topology
-from shared.db import create_pool
+from shared.broker.topology import INBOUND_EXCHANGE
 from shared.faults import fault_point
-from shared.lifecycle import every, freeze_startup_heap
-from shared.migrate import migrate_dsn
+from shared.lifecycle import freeze_startup_heap
 from shared.ops_http import OpsServer
 from shared.outbox import Relay
+from shared.runner import Supervisor, serve
 from shared.settings import Settings
 
 from . import operations, pages, sandbox
@@ -47,29 +45,23 @@ logger = logging.getLogger(__name__)
 
 @dataclass
 class Runtime:
+    """What the routes reach through ``app.state.runtime``."""
+
     pool: asyncpg.Pool
     broker: BrokerConnection
     relay: Relay | None
-    relay_task: asyncio.Task[None] | None
+    #: Intake group commit: the webhooks' rows written together.
     intake: IntakeBatcher
-    stats_task: asyncio.Task[None] | None = None
-    #: The Avito poller (AVITO_POLL_SECONDS), its task and its HTTP client; None when off.
+    #: The Avito poller (AVITO_POLL_SECONDS); None when off.
     recovery: AvitoRecovery | None = None
-    recovery_task: asyncio.Task[None] | None = None
-    http: httpx.AsyncClient | None = None
 
 
-async def _backlog_gauges(pool: asyncpg.Pool, interval: float = 10.0) -> None:
+async def _refresh_backlog_gauges(pool: asyncpg.Pool) -> None:
     """chatq_backlog and chatq_oldest_unfinished_age_seconds, from Postgres."""
-    while True:
-        try:
-            stats = await operations.collect_stats(pool)
-            for state, b in stats["backlog"].items():
-                metrics.BACKLOG.labels(state=state).set(b["count"])
-                metrics.OLDEST_UNFINISHED.labels(state=state).set(b["oldest_age_seconds"])
-        except Exception as exc:
-            logger.debug("backlog gauges not refreshed: %s", exc)
-        await asyncio.sleep(interval)
+    stats = await operations.collect_stats(pool)
+    for state, b in stats["backlog"].items():
+        metrics.BACKLOG.labels(state=state).set(b["count"])
+        metrics.OLDEST_UNFINISHED.labels(state=state).set(b["oldest_age_seconds"])
 
 
 @dataclass(frozen=True)
@@ -79,8 +71,9 @@ class ReceiverApps:
     exposes) has only the webhooks, /healthz and /readyz, and ``admin`` (ADMIN_PORT) the
     admin API, /metrics, /ops, /sandbox, the health checks and /openapi.json.
 
-    ``running()`` starts the pool, broker, relay and gauges once for both apps; the
-    HTTP servers do not run lifespans of their own."""
+    ``declare`` starts the pool, broker, relay and gauges once for both apps on the
+    shared supervisor; the HTTP servers do not run lifespans of their own. ``running()``
+    does the same without the servers, for tests in one process."""
 
     settings: Settings
     public: FastAPI
@@ -94,17 +87,44 @@ class ReceiverApps:
             served.append((self.admin, self.settings.admin_port))
         return served
 
-    @asynccontextmanager
-    async def running(self) -> AsyncIterator[Runtime]:
-        runtime = await _start(self.settings)
+    async def declare(self, parts: Supervisor) -> Runtime:
+        """The parts both apps share, in the order they start (they stop in reverse:
+        the gauges, then the relay, then the broker and the pool)."""
+        settings = self.settings
+        pool = await parts.database(settings.database_pool_size)
+        metrics.create_known_series(
+            "receiver", ["telegram", "avito", "generic", *(["sandbox"] if settings.sandbox_active else [])]
+        )
+        broker = parts.broker("chatq-receiver-relay")
+        relay = None
+        if settings.relay_enabled:
+            relay = Relay.from_settings(pool, broker, settings, exchanges=[INBOUND_EXCHANGE])
+            parts.run("outbox-relay", relay.run(), stop=relay.stop, wait=10)
+        parts.every(10, "backlog gauges", lambda: _refresh_backlog_gauges(pool))
+        intake = IntakeBatcher(
+            pool, window_seconds=settings.intake_batch_window_ms / 1000, max_rows=settings.intake_batch_rows
+        )
+        # Closed after the HTTP servers (declared later) and before the pool: what waits
+        # is written.
+        parts.closing("intake batches", intake)
+        runtime = Runtime(pool, broker, relay, intake)
+        if settings.avito_poll_seconds > 0 and settings.avito_client_id and settings.avito_client_secret:
+            http, runtime.recovery = _avito_recovery(settings, pool, relay)
+            parts.closing("Avito poll client", http)
+            # The first round runs now: what arrived while the service was down.
+            parts.every(settings.avito_poll_seconds, "Avito poll", runtime.recovery.poll)
         for app, _ in self.listeners:
             app.state.pool = runtime.pool
             app.state.runtime = runtime
-        freeze_startup_heap()
-        try:
+        return runtime
+
+    @asynccontextmanager
+    async def running(self) -> AsyncIterator[Runtime]:
+        """The runtime without the HTTP servers (tests call the apps in-process)."""
+        async with AsyncExitStack() as stack:
+            runtime = await self.declare(Supervisor("receiver", self.settings, stack))
+            freeze_startup_heap()
             yield runtime
-        finally:
-            await _stop(runtime)
 
 
 def create_app(settings: Settings) -> ReceiverApps:
@@ -240,10 +260,11 @@ async def readyz(request: Request) -> JSONResponse:
     return JSONResponse({"status": status, "checks": checks}, status_code=200 if ready else 503)
 
 
-async def run(settings: Settings, stop: asyncio.Event) -> None:
+async def run(settings: Settings, stop: asyncio.Event) -> int:
     """Serve every listener in this event loop until ``stop`` is set, then drain: each
     server stops accepting and finishes its requests in flight (up to
-    SHUTDOWN_GRACE_SECONDS), and only then the relay, broker and pool close."""
+    SHUTDOWN_GRACE_SECONDS), and only then the relay, broker and pool close. Returns the
+    process's exit status."""
     receiver = create_app(settings)
     servers = [
         OpsServer(
@@ -259,53 +280,18 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         )
         for app, port in receiver.listeners
     ]
-    async with receiver.running():
-        serving = {asyncio.create_task(s.serve(), name=f"http-{s.config.port}") for s in servers}
-        stopper = asyncio.create_task(stop.wait(), name="stop")
-        done, _ = await asyncio.wait({stopper, *serving}, return_when=asyncio.FIRST_COMPLETED)
-        stopper.cancel()
-        failed = [t for t in done if t is not stopper]
-        for task in failed:
-            logger.error("%s stopped unexpectedly", task.get_name(), exc_info=task.exception())
+
+    def stop_serving() -> None:
+        # Every server at once: each then finishes its requests in flight.
         for server in servers:
             server.should_exit = True
-        await asyncio.gather(*serving, return_exceptions=True)
-    logger.info("receiver stopped")
-    if failed:
-        raise SystemExit(1)
 
+    async def declare(parts: Supervisor) -> None:
+        await receiver.declare(parts)
+        for server in servers:
+            parts.run(f"http-{server.config.port}", server.serve(), stop=stop_serving, wait=None)
 
-async def _start(settings: Settings) -> Runtime:
-    dsn = settings.database_url.get_secret_value()
-    if settings.migrate_on_start:
-        await migrate_dsn(dsn)
-    metrics.create_known_series(
-        "receiver", ["telegram", "avito", "generic", *(["sandbox"] if settings.sandbox_active else [])]
-    )
-    pool = await create_pool(dsn, size=settings.database_pool_size)
-    broker = BrokerConnection(
-        settings.amqp_url.get_secret_value(),
-        build_topology(settings.retry_delays()),
-        name="chatq-receiver-relay",
-    )
-    relay = None
-    task = None
-    if settings.relay_enabled:
-        relay = Relay.from_settings(pool, broker, settings, exchanges=[INBOUND_EXCHANGE])
-        task = asyncio.create_task(relay.run(), name="outbox-relay")
-    intake = IntakeBatcher(
-        pool, window_seconds=settings.intake_batch_window_ms / 1000, max_rows=settings.intake_batch_rows
-    )
-    runtime = Runtime(
-        pool, broker, relay, task, intake, asyncio.create_task(_backlog_gauges(pool), name="backlog-gauges")
-    )
-    if settings.avito_poll_seconds > 0 and settings.avito_client_id and settings.avito_client_secret:
-        runtime.http, runtime.recovery = _avito_recovery(settings, pool, relay)
-        # The first round runs now: what arrived while the service was down.
-        runtime.recovery_task = asyncio.create_task(
-            every(settings.avito_poll_seconds, "Avito poll", runtime.recovery.poll), name="avito-poll"
-        )
-    return runtime
+    return await serve("receiver", settings, stop, declare)
 
 
 def _avito_recovery(
@@ -335,26 +321,6 @@ def _avito_recovery(
         notify=relay.notify if relay is not None else (lambda: None),
     )
     return http, recovery
-
-
-async def _stop(runtime: Runtime) -> None:
-    if runtime.stats_task is not None:
-        runtime.stats_task.cancel()
-    await runtime.intake.drain()
-    if runtime.recovery_task is not None:
-        runtime.recovery_task.cancel()
-        with contextlib.suppress(asyncio.CancelledError):
-            await runtime.recovery_task
-    if runtime.http is not None:
-        await runtime.http.aclose()
-    if runtime.relay is not None and runtime.relay_task is not None:
-        runtime.relay.stop()
-        try:
-            await asyncio.wait_for(runtime.relay_task, timeout=10)
-        except TimeoutError:
-            runtime.relay_task.cancel()
-    await runtime.broker.close()
-    await runtime.pool.close()
 
 
 def _secret(value: Any) -> str | None:

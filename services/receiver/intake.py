@@ -392,7 +392,7 @@ class IntakeBatcher:
         if not future.done():
             future.set_result(result)
 
-    async def drain(self) -> None:
+    async def aclose(self) -> None:
         """Write what is waiting and wait for every batch in flight."""
         self._flush()
         while self._flushing:

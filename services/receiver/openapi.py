@@ -25,7 +25,8 @@ def inline_schema(model: type[BaseModel]) -> dict[str, Any]:
             return [resolve(v) for v in node]
         return node
 
-    return resolve(schema)
+    inlined: dict[str, Any] = resolve(schema)
+    return inlined
 
 
 def json_body(model: type[BaseModel]) -> dict[str, Any]:

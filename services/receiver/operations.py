@@ -16,6 +16,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from shared.answered import MARK_ANSWERED
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
+from shared.db import Conn, one
 from shared.messages import InboundMessage, chat_key
 from shared.metrics import RETRIES
 from shared.outbox import OutboxMessage, enqueue_many
@@ -247,9 +248,7 @@ async def retry_operation(
     }
 
 
-async def _lock_actionable(
-    conn: asyncpg.Connection, op_id: uuid.UUID, code: str, verb: str
-) -> asyncpg.Record:
+async def _lock_actionable(conn: Conn, op_id: uuid.UUID, code: str, verb: str) -> asyncpg.Record:
     """Lock a failed or needs_review operation (404 if missing, 409 if in another state)."""
     row = await conn.fetchrow(
         """
@@ -393,7 +392,7 @@ async def collect_stats(pool: asyncpg.Pool) -> dict[str, Any]:
         FROM operation_events WHERE at > now() - interval '24 hours'
         """
     )
-    p50, p95 = await pool.fetchrow(
+    percentiles = await pool.fetchrow(
         """
         SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - o.received_at)),
                percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - o.received_at))
@@ -401,6 +400,7 @@ async def collect_stats(pool: asyncpg.Pool) -> dict[str, Any]:
         WHERE e.kind = 'replied' AND e.at > now() - interval '24 hours'
         """
     )
+    day, (p50, p95) = one(day), one(percentiles)
     accounts = [
         {
             "platform": r["platform"],

@@ -12,15 +12,15 @@ from shared.settings import Settings
 from .app import run
 
 
-async def _main(settings: Settings) -> None:
-    await run(settings, stop_on_signals())
+async def _main(settings: Settings) -> int:
+    return await run(settings, stop_on_signals())
 
 
 def main() -> None:
     settings = Settings()
     configure_logging(settings.log_level, service="responder", fmt=settings.log_format)
     arm(settings.fault_point)
-    asyncio.run(_main(settings))
+    raise SystemExit(asyncio.run(_main(settings)))
 
 
 if __name__ == "__main__":

@@ -1,10 +1,9 @@
-"""The responder's composition root: builds every part from the settings, runs until
-SIGTERM, then drains (stop consuming, finish in-flight jobs and ack them, close)."""
+"""The responder's composition root: declares every part, built from the settings, on
+the shared supervisor (shared/runner.py), which runs them until SIGTERM and drains."""
 
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import logging
 
 import asyncpg
@@ -12,15 +11,12 @@ import httpx
 
 from shared import metrics
 from shared.alerts import Alerter
-from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer, RetryTiers
 from shared.broker.dead_letters import DeadLetterRecorder
 from shared.broker.publisher import ConfirmingPublisher
-from shared.broker.topology import RESPONDER_DEAD_QUEUE, RESPONDER_QUEUE, build_topology
-from shared.db import create_pool
-from shared.lifecycle import every, freeze_startup_heap
-from shared.migrate import migrate_dsn
+from shared.broker.topology import RESPONDER_DEAD_QUEUE, RESPONDER_QUEUE
 from shared.ops_http import consumer_readiness, ops_server
+from shared.runner import Supervisor, serve
 from shared.settings import Settings
 
 from .handler import Responder
@@ -76,11 +72,16 @@ def build_writer(settings: Settings) -> ReplyWriter:
     return FactsWriter(facts)
 
 
-async def run(settings: Settings, stop: asyncio.Event) -> None:
-    dsn = settings.database_url.get_secret_value()
-    if settings.migrate_on_start:
-        await migrate_dsn(dsn)
-    pool = await create_pool(dsn, size=settings.database_connections("responder"))
+async def run(settings: Settings, stop: asyncio.Event) -> int:
+    """Serve until ``stop`` is set, then drain; the process's exit status."""
+    return await serve("responder", settings, stop, lambda parts: declare(parts, settings))
+
+
+async def declare(parts: Supervisor, settings: Settings) -> None:
+    """The responder's parts, in the order they start; they stop in reverse: the
+    consumers drain first (in-flight jobs finish and are acked), then the probe and the
+    ops server, then the writer, the client, the brokers and the pool close."""
+    pool = await parts.database(settings.database_connections("responder"))
     if settings.shutdown_grace_seconds < settings.worst_case_job_seconds():
         # Worth a warning where SIGTERM comes from an orchestrator; on a developer's
         # machine (make run, Ctrl-C) it is only a fact.
@@ -91,20 +92,20 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
             settings.shutdown_grace_seconds,
             settings.worst_case_job_seconds(),
         )
-    topology = build_topology(settings.retry_delays())
-    amqp = settings.amqp_url.get_secret_value()
-    consume_broker = BrokerConnection(amqp, topology, name="chatq-responder")
-    retry_broker = BrokerConnection(amqp, topology, name="chatq-responder-retry")
+    consume_broker = parts.broker("chatq-responder")
+    retry_broker = parts.broker("chatq-responder-retry")
     timeout = httpx.Timeout(
         settings.platform_timeout_seconds, connect=min(5.0, settings.platform_timeout_seconds)
     )
     # Platform calls through aiohttp (services/responder/http.py says why); the rare alert
     # posts keep httpx.
-    platform_http = PlatformHttp(timeout, max_connections=settings.responder_concurrency * 2)
-    client = httpx.AsyncClient(timeout=timeout)
+    platform_http = parts.closing(
+        "platform client", PlatformHttp(timeout, max_connections=settings.responder_concurrency * 2)
+    )
+    client = parts.closing("alert client", httpx.AsyncClient(timeout=timeout))
     platforms = build_platforms(settings, platform_http, pool)
     metrics.create_known_series("responder", platforms)
-    writer = build_writer(settings)
+    writer = parts.closing("reply writer", build_writer(settings))
     responder = Responder(
         JobStore(pool, history=settings.history_messages, caps=settings.job_caps()),
         platforms,
@@ -128,7 +129,7 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         retry=RetryTiers(ConfirmingPublisher(retry_broker), settings.retry_delays(), settings.max_attempts),
         on_give_up=responder.give_up,
         on_retry=responder.retry_scheduled,
-        delivery_limit=topology.queue(RESPONDER_QUEUE).delivery_limit,
+        delivery_limit=parts.topology.queue(RESPONDER_QUEUE).delivery_limit,
     )
     dead = Consumer(
         consume_broker,
@@ -136,47 +137,19 @@ async def run(settings: Settings, stop: asyncio.Event) -> None:
         DeadLetterRecorder(pool, RESPONDER_DEAD_QUEUE, responder.dead_lettered).handle,
         prefetch=10,
     )
-
     server = ops_server(
         consumer_readiness(consumer, pool, stall_seconds=settings.consumer_stall_seconds, others=[dead]),
         settings.http_host,
         settings.metrics_port,
     )
-    freeze_startup_heap()
-    consumer_task = asyncio.create_task(consumer.run(), name="consumer")
-    dead_task = asyncio.create_task(dead.run(), name="dead-letters")
-    probe_task = asyncio.create_task(
-        every(min(5.0, settings.account_probe_seconds), "account probe", responder.probe_accounts),
-        name="probe",
-    )
-    server_task = asyncio.create_task(server.serve(), name="ops-http")
+    grace = settings.shutdown_grace_seconds
+    parts.run("ops-http", server.serve(), stop=lambda: setattr(server, "should_exit", True))
+    parts.every(min(5.0, settings.account_probe_seconds), "account probe", responder.probe_accounts)
+    parts.run("dead-letters", dead.run(), stop=lambda: dead.stop(drain_seconds=grace))
+    parts.run("consumer", consumer.run(), stop=lambda: consumer.stop(drain_seconds=grace))
     logger.info(
         "responder running: platforms %s, writer %s, %d job(s) in flight at most",
         ", ".join(sorted(platforms)) or "none",
         type(writer).__name__,
         settings.responder_concurrency,
     )
-    stopper = asyncio.create_task(stop.wait())
-    done, _ = await asyncio.wait(
-        {stopper, consumer_task, dead_task, server_task}, return_when=asyncio.FIRST_COMPLETED
-    )
-    for task in done:
-        if task is not stopper and task.exception():
-            logger.error("%s stopped unexpectedly", task.get_name(), exc_info=task.exception())
-    await asyncio.gather(
-        consumer.stop(drain_seconds=settings.shutdown_grace_seconds),
-        dead.stop(drain_seconds=settings.shutdown_grace_seconds),
-    )
-    server.should_exit = True
-    for task in (consumer_task, dead_task, server_task):
-        with contextlib.suppress(Exception, asyncio.CancelledError):
-            await asyncio.wait_for(task, timeout=5)
-    probe_task.cancel()
-    stopper.cancel()
-    await writer.aclose()
-    await client.aclose()
-    await platform_http.aclose()
-    await consume_broker.close()
-    await retry_broker.close()
-    await pool.close()
-    logger.info("responder stopped")

@@ -27,11 +27,12 @@ from shared.settings import DEFAULT_GREETING
 from shared.state.job import DeliveryStatus
 
 from .failures import Failure, Kind
-from .idempotency import Job, JobBusy, JobSession, JobStore, JobWithdrawn, Part, Reconcile, Skip
+from .idempotency import Job, JobBusy, JobWithdrawn, Part, Reconcile, Skip
 from .listings import Listings
 from .llm import ReplyWriter, Turn
 from .parts import split_reply
 from .platforms.base import Attempts, ChatManners, Listing, Platform, Sent, SentQuery, TooEarly
+from .stores import JobSession, JobStorage
 
 logger = logging.getLogger(__name__)
 
@@ -68,7 +69,7 @@ def for_the_writer(job: Job) -> tuple[list[Turn], list[str]]:
 class Responder:
     def __init__(
         self,
-        store: JobStore,
+        store: JobStorage,
         platforms: Mapping[str, Platform],
         writer: ReplyWriter,
         alerter: Alerter,
@@ -430,7 +431,7 @@ class Responder:
                     )
         return resumed
 
-    async def _give_up(self, db: JobSession | JobStore, job_id: uuid.UUID, kind: str, reason: str) -> None:
+    async def _give_up(self, db: JobSession | JobStorage, job_id: uuid.UUID, kind: str, reason: str) -> None:
         """Give up under the job's lock (see chatq_give_up) and tell a person what changed."""
         settled = await db.give_up(job_id, kind, reason, self._owner)
         if settled.outcome == "busy":

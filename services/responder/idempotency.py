@@ -23,6 +23,7 @@ import asyncpg
 
 from shared import metrics
 from shared.broker.consumer import Reject
+from shared.db import Conn, one
 from shared.messages import JobCaps
 from shared.messages import chat_key as make_chat_key
 from shared.state import account as account_state
@@ -118,7 +119,7 @@ class JobStore:
         self._caps = caps or JobCaps()
 
     @contextlib.asynccontextmanager
-    async def exclusive(self, job_id: uuid.UUID) -> AsyncIterator[JobSession]:
+    async def exclusive(self, job_id: uuid.UUID) -> AsyncIterator[PgJobSession]:
         """One connection for the whole handling of a job, which does all of its work (a
         connection per job, not per statement). The claim takes the job's session
         advisory lock on it, held across the platform call: a redelivered copy (the
@@ -128,14 +129,14 @@ class JobStore:
         with its connection, and a connection whose unlock did not complete is closed
         rather than pooled with the lock still held."""
         async with self._pool.acquire() as conn:
-            session = JobSession(conn, job_id, self._history, self._caps)
+            session = PgJobSession(conn, job_id, self._history, self._caps)
             try:
                 yield session
             finally:
                 await session.release()
 
     async def give_up(self, job_id: uuid.UUID, kind: str, reason: str, owner: str) -> Settled:
-        """``JobSession.give_up`` on a connection of its own (the consumer's hooks)."""
+        """``PgJobSession.give_up`` on a connection of its own (the consumer's hooks)."""
         async with self.exclusive(job_id) as session:
             return await session.give_up(job_id, kind, reason, owner)
 
@@ -184,14 +185,12 @@ class JobStore:
 PROBE_LOCK_KEY = 0x63686174_70726F62  # "chatprob"
 
 
-class JobSession:
+class PgJobSession:
     """The job's state changes, on the connection that holds the job. Each is one
     statement (the functions of shared/functions/30_jobs.sql), so one round trip and one
     transaction: a reply costs three (claim, before send, record sent)."""
 
-    def __init__(
-        self, conn: asyncpg.Connection, job_id: uuid.UUID, history: int, caps: JobCaps | None = None
-    ) -> None:
+    def __init__(self, conn: Conn, job_id: uuid.UUID, history: int, caps: JobCaps | None = None) -> None:
         self._conn = conn
         self._lock_key = lock_key(job_id)
         self._history = history
@@ -215,10 +214,16 @@ class JobSession:
 
     async def claim(self, job_id: uuid.UUID, attempt: int) -> Job | Skip | Reconcile:
         self._locked = None
-        row = await self._conn.fetchrow(
-            "SELECT * FROM chatq_claim($1, $2, $3, $4)", job_id, attempt, self._lock_key, self._history
+        # One composite value (chatq_claim_result), its fields and its rows read by name.
+        row = one(
+            await self._conn.fetchrow(
+                "SELECT * FROM chatq_claim_job($1, $2, $3, $4)",
+                job_id,
+                attempt,
+                self._lock_key,
+                self._history,
+            )
         )
-        assert row is not None
         self._locked = row["outcome"] != "busy"
         if row["outcome"] == "busy":
             raise JobBusy(f"job {job_id} is being handled by another consumer")
@@ -226,38 +231,20 @@ class JobSession:
             raise Reject(f"job {job_id} is not in the database")
         if row["outcome"] == "skip":
             return Skip(row["reason"])
-        messages = tuple(
-            Message(*m)
-            for m in zip(
-                row["operation_ids"] or (),
-                row["message_ids"] or (),
-                row["texts"] or (),
-                row["sent_ats"] or (),
-                row["received_ats"] or (),
-                strict=True,
-            )
-        )
-        history = tuple(
-            Turn(role, text)
-            for role, text in zip(row["history_roles"] or (), row["history_texts"] or (), strict=True)
-        )
         job = Job(
             job_id,
             row["platform"],
             row["account_id"],
             row["chat_id"],
-            messages,
-            history,
+            tuple(_message(m) for m in row["messages"] or ()),
+            tuple(Turn(t["role"], t["text"]) for t in row["history"] or ()),
             row["account_paused"],
             row["business_connection_id"],
         )
         if row["outcome"] == "reconcile":
+            delivery = row["delivery"]
             return Reconcile(
-                job,
-                row["delivery_text"],
-                row["delivery_started_at"],
-                row["delivery_status"],
-                row["delivery_maybe_since"],
+                job, delivery["text"], delivery["started_at"], delivery["status"], delivery["maybe_since"]
             )
         return job
 
@@ -283,12 +270,14 @@ class JobSession:
         return replace(job, messages=tuple(_message(r) for r in rows))
 
     async def record_sent(self, job: Job, text: str, platform_message_id: str) -> datetime:
-        row = await self._conn.fetchrow(
-            "SELECT * FROM chatq_record_sent($1, $2, $3, $4)",
-            job.job_id,
-            text,
-            platform_message_id,
-            self._lock_key,
+        row = one(
+            await self._conn.fetchrow(
+                "SELECT * FROM chatq_record_sent($1, $2, $3, $4)",
+                job.job_id,
+                text,
+                platform_message_id,
+                self._lock_key,
+            )
         )
         self._locked = False
         sent_at: datetime = row["sent_at"]

@@ -38,7 +38,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Sequence
+from collections.abc import Awaitable, Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiormq
@@ -114,7 +114,7 @@ def classify(exc: BaseException | None) -> Outcome:
     return Outcome.REQUEUE
 
 
-def last_delivery(headers: dict[str, object] | None, delivery_limit: int | None) -> bool:
+def last_delivery(headers: Mapping[str, object] | None, delivery_limit: int | None) -> bool:
     """Whether a requeue now would make the broker dead-letter the message (its quorum
     queue has seen ``delivery_limit`` unsuccessful deliveries). Pure; unit-tested."""
     return delivery_limit is not None and delivery_count_of(headers) >= delivery_limit
@@ -128,8 +128,24 @@ GiveUpHook = Callable[[AbstractIncomingMessage, str, str], Awaitable[None]]
 #: (the message is in the tier already).
 RetryHook = Callable[[AbstractIncomingMessage, int, float, str], Awaitable[None]]
 
+#: How a message is settled for one outcome: (message, the handler's error or None).
+SettleStep = Callable[[AbstractIncomingMessage, Exception | None], Awaitable[None]]
+
 #: Errors of an ack or nack on our own channel: it went away, the broker redelivers.
 _CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
+
+
+class _Backoff:
+    """Doubling waits, from ``first`` up to ``most`` seconds."""
+
+    def __init__(self, first: float, most: float) -> None:
+        self.seconds, self._most = first, most
+
+    def next(self) -> float:
+        """The wait to take now; the next one doubles."""
+        seconds = self.seconds
+        self.seconds = min(seconds * 2, self._most)
+        return seconds
 
 
 class Consumer:
@@ -162,6 +178,13 @@ class Consumer:
         self._channel: AbstractChannel | None = None
         self._consumer_tag: str | None = None
         self.consuming = False
+        #: One settle step per outcome, each taking the message and the handler's error.
+        self._settle_steps: dict[Outcome, SettleStep] = {
+            Outcome.ACK: self._settle_ack,
+            Outcome.DEAD_LETTER: self._settle_dead_letter,
+            Outcome.RETRY_TIER: self._settle_retry_tier,
+            Outcome.REQUEUE: self._settle_requeue,
+        }
 
     @property
     def queue(self) -> str:
@@ -228,7 +251,7 @@ class Consumer:
                 await channel.close()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
-        task = asyncio.create_task(self._process(message))
+        task = asyncio.create_task(self.handle_delivery(message))
         self._in_flight[task] = time.monotonic()
         task.add_done_callback(self._settled)
 
@@ -242,47 +265,80 @@ class Consumer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
 
-    async def _process(self, message: AbstractIncomingMessage) -> None:
-        backoff = 0.1
+    async def handle_delivery(self, message: AbstractIncomingMessage) -> None:
+        """Run the handler on one delivery, then settle the message by the outcome
+        (``classify``), through the one settle step for that outcome. An infrastructure
+        error is not settled: the handler runs again, with backoff, until it works or
+        the process stops (then the message is requeued)."""
+        backoff = _Backoff(0.1, self._max_backoff)
         while True:
-            error: BaseException | None = None
-            try:
-                await self._handler(message)
-            except asyncio.CancelledError:
-                raise
-            except Exception as exc:
-                error = exc
+            error = await self._run_handler(message)
             outcome = classify(error)
             if outcome is Outcome.RETRY_TIER and self._retry is None:
                 outcome = Outcome.RETRY_IN_PROCESS
-            if outcome is Outcome.RETRY_IN_PROCESS:
-                if self._stopping.is_set():
-                    await self._nack_requeue(message)
-                    return
-                logger.warning(
-                    "message %s on %s: %s: %s; retrying in %.1fs",
-                    message.message_id,
-                    self._queue,
-                    type(error).__name__,
-                    error,
-                    backoff,
-                    extra={"message_id": message.message_id, "queue": self._queue},
-                )
-                await self._pause(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
-                continue
-            if outcome is Outcome.ACK:
-                await self._ack(message)
-            elif outcome is Outcome.DEAD_LETTER:
-                await self._dead_letter(message, "permanent", str(error))
-            elif outcome is Outcome.RETRY_TIER:
-                assert isinstance(error, RetryLater)
-                await self._retry_tier(message, error)
-            else:
-                await self._requeue(message, error)
-            return
+            if outcome is not Outcome.RETRY_IN_PROCESS:
+                await self._settle_steps[outcome](message, error)
+                return
+            if self._stopping.is_set():
+                await self._nack_requeue(message)
+                return
+            logger.warning(
+                "message %s on %s: %s: %s; retrying in %.1fs",
+                message.message_id,
+                self._queue,
+                type(error).__name__,
+                error,
+                backoff.seconds,
+                extra={"message_id": message.message_id, "queue": self._queue},
+            )
+            await self._pause(backoff.next())
+
+    async def _run_handler(self, message: AbstractIncomingMessage) -> Exception | None:
+        """The handler's outcome: None when it returned, else what it raised."""
+        try:
+            await self._handler(message)
+        except asyncio.CancelledError:
+            raise
+        except Exception as exc:
+            return exc
+        return None
 
     # ---- one settle step per outcome ----------------------------------------------
+
+    async def _settle_ack(self, message: AbstractIncomingMessage, _: Exception | None) -> None:
+        await self._ack(message)
+
+    async def _settle_dead_letter(self, message: AbstractIncomingMessage, error: Exception | None) -> None:
+        await self._dead_letter(message, "permanent", str(error))
+
+    async def _settle_retry_tier(self, message: AbstractIncomingMessage, error: Exception | None) -> None:
+        assert isinstance(error, RetryLater)
+        await self._retry_tier(message, error)
+
+    async def _settle_requeue(self, message: AbstractIncomingMessage, error: Exception | None) -> None:
+        """An unexpected error (a bug, a poison input): requeue after a pause, or on the
+        last delivery the queue allows, give up and dead-letter."""
+        if last_delivery(message.headers, self._delivery_limit):
+            await self._dead_letter(
+                message,
+                "exhausted",
+                f"failed on each of {delivery_count_of(message.headers) + 1} deliveries: "
+                f"{type(error).__name__}: {error}",
+            )
+            return
+        logger.error(
+            "message %s on %s failed; requeued (delivery %d of %s)",
+            message.message_id,
+            self._queue,
+            delivery_count_of(message.headers) + 1,
+            self._delivery_limit + 1 if self._delivery_limit is not None else "unlimited",
+            exc_info=error,
+            extra={"message_id": message.message_id, "queue": self._queue},
+        )
+        await self._pause(self._requeue_pause)
+        await self._nack_requeue(message)
+
+    # ---- the primitives the settle steps share --------------------------------------
 
     async def _ack(self, message: AbstractIncomingMessage) -> None:
         try:
@@ -307,7 +363,7 @@ class Consumer:
         """Run a settle step until it works, the message unacked meanwhile, with backoff.
         ``after_error`` returns False to stop retrying (the step is skipped). Returns
         False when the process stops first: the message is requeued."""
-        backoff = 0.1
+        backoff = _Backoff(0.1, self._max_backoff)
         while True:
             try:
                 await step()
@@ -325,10 +381,9 @@ class Consumer:
                     self._queue,
                     type(exc).__name__,
                     exc,
-                    backoff,
+                    backoff.seconds,
                 )
-                await self._pause(backoff)
-                backoff = min(backoff * 2, self._max_backoff)
+                await self._pause(backoff.next())
 
     async def _dead_letter(self, message: AbstractIncomingMessage, kind: str, reason: str) -> None:
         """``on_give_up`` (retried until it works: the record must exist before the message
@@ -417,24 +472,3 @@ class Consumer:
                     "could not record the retry of %s: %s: %s", message.message_id, type(exc).__name__, exc
                 )
         await self._ack(message)
-
-    async def _requeue(self, message: AbstractIncomingMessage, error: BaseException | None) -> None:
-        if last_delivery(message.headers, self._delivery_limit):
-            await self._dead_letter(
-                message,
-                "exhausted",
-                f"failed on each of {delivery_count_of(message.headers) + 1} deliveries: "
-                f"{type(error).__name__}: {error}",
-            )
-            return
-        logger.error(
-            "message %s on %s failed; requeued (delivery %d of %s)",
-            message.message_id,
-            self._queue,
-            delivery_count_of(message.headers) + 1,
-            self._delivery_limit + 1 if self._delivery_limit is not None else "unlimited",
-            exc_info=error,
-            extra={"message_id": message.message_id, "queue": self._queue},
-        )
-        await self._pause(self._requeue_pause)
-        await self._nack_requeue(message)

@@ -68,19 +68,18 @@ $$;
 -- With account_paused: the job's account is paused (why), so nothing may be sent now.
 -- business_connection_id: the Telegram Business connection the reply goes through (the
 -- latest one among the job's messages), or NULL.
--- One row. The job's messages (reconcile: all of them; claimed: those it keeps) come as
--- parallel arrays in platform order, with the chat's last p_history turns before them.
-DROP FUNCTION IF EXISTS chatq_claim(uuid, integer, bigint, integer);
-CREATE OR REPLACE FUNCTION chatq_claim(p_job uuid, p_attempt integer, p_lock_key bigint, p_history integer)
-RETURNS TABLE (outcome text, reason text, platform text, account_id text, chat_id text, chat_key text,
-               account_paused text, business_connection_id text,
-               delivery_status text, delivery_text text, delivery_started_at timestamptz,
-               delivery_maybe_since timestamptz, history_roles text[], history_texts text[],
-               operation_ids uuid[], message_ids text[], texts text[], sent_ats timestamptz[],
-               received_ats timestamptz[])
+-- One value of the composite type chatq_claim_result (migration 0019), read by name:
+-- outcome and reason always; the job's fields once it is found; delivery (the attempt
+-- that may have sent) for reconcile; the job's messages (reconcile: all of them; claimed:
+-- those it keeps) in platform order, with the chat's last p_history turns before them.
+-- (Migration 0006 had a chatq_claim_job of another shape, unused since chatq_claim.)
+DROP FUNCTION IF EXISTS chatq_claim_job(uuid, integer, bigint, integer);
+CREATE OR REPLACE FUNCTION chatq_claim_job(p_job uuid, p_attempt integer, p_lock_key bigint, p_history integer)
+RETURNS chatq_claim_result
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
+    r chatq_claim_result;
     j record;
     o record;
     v uuid;
@@ -95,10 +94,9 @@ DECLARE
     first_received timestamptz;
 BEGIN
     IF NOT pg_try_advisory_lock(p_lock_key) THEN
-        outcome := 'busy';
-        reason := 'another consumer is handling this job';
-        RETURN NEXT;
-        RETURN;
+        r.outcome := 'busy';
+        r.reason := 'another consumer is handling this job';
+        RETURN r;
     END IF;
     SELECT r.status, r.platform, r.account_id, r.chat_id, r.operation_ids AS ops, r.chat_key AS ck,
            r.created_at AS created, d.status AS d_status, d.text AS d_text, d.started_at AS d_started,
@@ -108,31 +106,28 @@ BEGIN
     WHERE r.id = p_job
     FOR UPDATE OF r;
     IF NOT FOUND THEN
-        outcome := 'missing';
-        RETURN NEXT;
-        RETURN;
+        r.outcome := 'missing';
+        RETURN r;
     END IF;
-    platform := j.platform;
-    account_id := j.account_id;
-    chat_id := j.chat_id;
-    chat_key := j.ck;
+    r.platform := j.platform;
+    r.account_id := j.account_id;
+    r.chat_id := j.chat_id;
+    r.chat_key := j.ck;
     -- Why the job's account may not send now (NULL: it may).
-    SELECT a.state_reason INTO account_paused FROM accounts a
+    SELECT a.state_reason INTO r.account_paused FROM accounts a
     WHERE a.platform = j.platform AND a.account_id = j.account_id AND a.state <> 'active';
     IF j.status NOT IN ('pending', 'processing') THEN
-        outcome := 'skip';
-        reason := 'job already ' || j.status;
-        RETURN NEXT;
-        RETURN;
+        r.outcome := 'skip';
+        r.reason := 'job already ' || j.status;
+        RETURN r;
     END IF;
     -- An attempt of this job may have reached the platform (its delivery says so now, or
     -- did once): whatever the latest attempt did, the reply may be there.
     reconciling := j.d_status IN ('sending', 'unknown') OR j.d_maybe;
     IF NOT reconciling AND chatq_withdraw_if_seller_answered(p_job, j.ck, j.created, j.ops) THEN
-        outcome := 'skip';
-        reason := 'withdrawn: the seller answered the chat in person';
-        RETURN NEXT;
-        RETURN;
+        r.outcome := 'skip';
+        r.reason := 'withdrawn: the seller answered the chat in person';
+        RETURN r;
     END IF;
     UPDATE reply_jobs r SET status = 'processing', attempts = p_attempt, updated_at = now() WHERE r.id = p_job;
 
@@ -144,7 +139,7 @@ BEGIN
                op.business_connection_id AS bc
         INTO o FROM operations op WHERE op.id = v;
         CONTINUE WHEN NOT FOUND;
-        business_connection_id := coalesce(o.bc, business_connection_id);
+        r.business_connection_id := coalesce(o.bc, r.business_connection_id);
         IF NOT reconciling THEN
             SELECT rc.job_id INTO holder FROM reply_coverage rc WHERE rc.operation_id = v;
             IF FOUND AND holder <> p_job THEN
@@ -166,11 +161,9 @@ BEGIN
     IF reconciling THEN
         PERFORM chatq_log(ids, 'attempt', 'attempt ' || p_attempt || ': a send of this reply may have reached the chat; '
                           || 'checking before anything more is sent', p_job);
-        outcome := 'reconcile';
-        delivery_status := CASE WHEN j.d_status IN ('sending', 'unknown') THEN j.d_status ELSE 'unknown' END;
-        delivery_text := j.d_text;
-        delivery_started_at := j.d_started;
-        delivery_maybe_since := coalesce(j.d_since, j.d_started);
+        r.outcome := 'reconcile';
+        r.delivery := ROW(CASE WHEN j.d_status IN ('sending', 'unknown') THEN j.d_status ELSE 'unknown' END,
+                          j.d_text, j.d_started, coalesce(j.d_since, j.d_started))::chatq_claimed_delivery;
     ELSE
         -- Take the messages; one another job took meanwhile is not ours to answer (the
         -- primary key decides).
@@ -191,10 +184,9 @@ BEGIN
         END IF;
         IF cardinality(ids) = 0 THEN
             UPDATE reply_jobs r SET status = 'superseded', updated_at = now() WHERE r.id = p_job;
-            outcome := 'skip';
-            reason := 'every message is answered or held by another reply';
-            RETURN NEXT;
-            RETURN;
+            r.outcome := 'skip';
+            r.reason := 'every message is answered or held by another reply';
+            RETURN r;
         END IF;
         FOREACH v IN ARRAY ids LOOP
             UPDATE operations op SET status = 'replying', job_id = p_job, updated_at = now()
@@ -208,14 +200,14 @@ BEGIN
                 ORDER BY chatq_order(j.platform, t.sent, t.mid, t.recv))
             WHERE r.id = p_job;
         END IF;
-        outcome := 'claimed';
+        r.outcome := 'claimed';
 
         -- The conversation so far, for the model: turns before this job's messages. A chat
         -- with no reply yet (no chats row) has none. Planned for its values each time
         -- (EXECUTE): its best plan depends on how much the chat has said.
         IF p_history > 0 AND EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = j.ck) THEN
             EXECUTE $q$
-                SELECT coalesce(array_agg(t.role ORDER BY t.at), '{}'), coalesce(array_agg(t.body ORDER BY t.at), '{}')
+                SELECT coalesce(array_agg(ROW(t.role, t.body)::chatq_turn ORDER BY t.at), '{}')
                 FROM (
                     SELECT h.role, h.body, h.at FROM (
                         SELECT 'buyer' AS role, o.text AS body, o.received_at AS at FROM operations o
@@ -227,19 +219,42 @@ BEGIN
                     ) h
                     ORDER BY h.at DESC LIMIT $6
                 ) t
-            $q$ INTO history_roles, history_texts
+            $q$ INTO r.history
             USING j.platform, j.account_id, j.chat_id, first_received, j.ck, p_history;
         END IF;
     END IF;
 
     -- The messages kept, in platform order, from what was read above (no table access).
-    SELECT array_agg(t.id ORDER BY t.o), array_agg(t.mid ORDER BY t.o), array_agg(t.body ORDER BY t.o),
-           array_agg(t.sent ORDER BY t.o), array_agg(t.recv ORDER BY t.o)
-    INTO operation_ids, message_ids, texts, sent_ats, received_ats
+    SELECT array_agg(ROW(t.id, t.mid, t.body, t.sent, t.recv)::chatq_job_message ORDER BY t.o)
+    INTO r.messages
     FROM (SELECT u.*, chatq_order(j.platform, u.sent, u.mid, u.recv) AS o
           FROM unnest(ids, m_ids, m_texts, m_sent, m_received) AS u(id, mid, body, sent, recv)) t;
-    RETURN NEXT;
+    RETURN r;
 END
+$$;
+
+-- The previous release's claim (one row of parallel arrays), for its responders during a
+-- rollout: chatq_claim_job's result spread out the old way. Drop it one release later.
+DROP FUNCTION IF EXISTS chatq_claim(uuid, integer, bigint, integer);
+CREATE OR REPLACE FUNCTION chatq_claim(p_job uuid, p_attempt integer, p_lock_key bigint, p_history integer)
+RETURNS TABLE (outcome text, reason text, platform text, account_id text, chat_id text, chat_key text,
+               account_paused text, business_connection_id text,
+               delivery_status text, delivery_text text, delivery_started_at timestamptz,
+               delivery_maybe_since timestamptz, history_roles text[], history_texts text[],
+               operation_ids uuid[], message_ids text[], texts text[], sent_ats timestamptz[],
+               received_ats timestamptz[])
+LANGUAGE sql AS $$
+    SELECT c.outcome, c.reason, c.platform, c.account_id, c.chat_id, c.chat_key, c.account_paused,
+           c.business_connection_id, (c.delivery).status, (c.delivery).text, (c.delivery).started_at,
+           (c.delivery).maybe_since,
+           ARRAY(SELECT h.role FROM unnest(c.history) WITH ORDINALITY h ORDER BY h.ordinality),
+           ARRAY(SELECT h.text FROM unnest(c.history) WITH ORDINALITY h ORDER BY h.ordinality),
+           ARRAY(SELECT m.operation_id FROM unnest(c.messages) WITH ORDINALITY m ORDER BY m.ordinality),
+           ARRAY(SELECT m.message_id FROM unnest(c.messages) WITH ORDINALITY m ORDER BY m.ordinality),
+           ARRAY(SELECT m.text FROM unnest(c.messages) WITH ORDINALITY m ORDER BY m.ordinality),
+           ARRAY(SELECT m.sent_at FROM unnest(c.messages) WITH ORDINALITY m ORDER BY m.ordinality),
+           ARRAY(SELECT m.received_at FROM unnest(c.messages) WITH ORDINALITY m ORDER BY m.ordinality)
+    FROM chatq_claim_job(p_job, p_attempt, p_lock_key, p_history) c
 $$;
 
 -- Just before the platform call: move the messages gathered in the chat's open window

@@ -16,6 +16,8 @@ import enum
 
 import asyncpg
 
+from shared.db import Conn
+
 from .machine import Lifecycle
 
 
@@ -38,9 +40,7 @@ LIFECYCLE = Lifecycle(
 )
 
 
-async def pause_by_platform(
-    conn: asyncpg.Connection, platform: str, account_id: str, reason: str, probe_in: float
-) -> bool:
+async def pause_by_platform(conn: Conn, platform: str, account_id: str, reason: str, probe_in: float) -> bool:
     """The platform refused the account: pause it (or keep it paused with the latest
     reason) and schedule a probe. Returns True for the one caller that moved it from active
     (so it is announced once, however many jobs met the refusal at the same moment)."""
@@ -68,7 +68,7 @@ async def pause_by_platform(
     return bool(moved)
 
 
-async def resume(conn: asyncpg.Connection, platform: str, account_id: str) -> bool:
+async def resume(conn: Conn, platform: str, account_id: str) -> bool:
     """The platform accepts the account again (a probe succeeded). Returns True when it was
     paused by the platform until now. A person's pause stays."""
     status = await conn.execute(
@@ -82,7 +82,7 @@ async def resume(conn: asyncpg.Connection, platform: str, account_id: str) -> bo
     return status.endswith(" 1")
 
 
-async def due_for_probe(conn: asyncpg.Connection, platforms: list[str]) -> list[asyncpg.Record]:
+async def due_for_probe(conn: Conn, platforms: list[str]) -> list[asyncpg.Record]:
     """Accounts the platform paused whose probe is due, on these platforms."""
     return await conn.fetch(
         """
@@ -94,9 +94,7 @@ async def due_for_probe(conn: asyncpg.Connection, platforms: list[str]) -> list[
     )
 
 
-async def probe_later(
-    conn: asyncpg.Connection, platform: str, account_id: str, reason: str, probe_in: float
-) -> None:
+async def probe_later(conn: Conn, platform: str, account_id: str, reason: str, probe_in: float) -> None:
     await conn.execute(
         """
         UPDATE accounts SET state_reason = $3, next_probe_at = now() + make_interval(secs => $4)
@@ -109,7 +107,7 @@ async def probe_later(
     )
 
 
-async def paused(conn: asyncpg.Connection | asyncpg.Pool) -> list[asyncpg.Record]:
+async def paused(conn: Conn | asyncpg.Pool) -> list[asyncpg.Record]:
     """Every account that is not active, for a person (ops page, stats, doctor)."""
     return await conn.fetch(
         "SELECT platform, account_id, state, state_reason, state_since FROM accounts WHERE state <> 'active'"

@@ -19,6 +19,8 @@ from collections.abc import Sequence
 
 import asyncpg
 
+from shared.db import Conn
+
 from .machine import Lifecycle
 
 
@@ -72,7 +74,7 @@ STATUS_TEXT = {
 # the trigger of 00_states.sql refuses anything else.)
 
 
-async def mark_queued(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]) -> None:
+async def mark_queued(conn: Conn, ids: Sequence[uuid.UUID]) -> None:
     """The relay: the broker confirmed these operations' messages."""
     await conn.execute(
         """
@@ -83,7 +85,7 @@ async def mark_queued(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]) -> Non
     )
 
 
-async def fail_unfiled(conn: asyncpg.Connection, operation_id: uuid.UUID, reason: str, owner: str) -> bool:
+async def fail_unfiled(conn: Conn, operation_id: uuid.UUID, reason: str, owner: str) -> bool:
     """The coalescer gave up on a message it never filed: the operation fails with the
     reason and an owner (a person may retry it). A message already in a window is left to
     its reply. Returns whether the operation changed."""
@@ -106,7 +108,7 @@ async def fail_unfiled(conn: asyncpg.Connection, operation_id: uuid.UUID, reason
 
 
 async def record_event(
-    conn: asyncpg.Connection,
+    conn: Conn,
     operation_ids: Sequence[uuid.UUID],
     kind: str,
     *,
@@ -129,7 +131,7 @@ async def record_event(
     )
 
 
-async def retry(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]) -> list[asyncpg.Record]:
+async def retry(conn: Conn, ids: Sequence[uuid.UUID]) -> list[asyncpg.Record]:
     """A person puts failed or needs_review operations back to work (the caller decided a
     needs_review one may be sent again). Returns what the re-publication needs."""
     return await conn.fetch(
@@ -144,7 +146,7 @@ async def retry(conn: asyncpg.Connection, ids: Sequence[uuid.UUID]) -> list[asyn
 
 
 async def resolve(
-    conn: asyncpg.Connection,
+    conn: Conn,
     ids: Sequence[uuid.UUID],
     to: OperationStatus,
     *,

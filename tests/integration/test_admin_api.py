@@ -6,10 +6,10 @@ import asyncpg
 import pytest
 
 from shared.metrics import RETRIES
-from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET, replace
+from tests.conftest import ADMIN_TOKEN, AVITO_SECRET, TELEGRAM_SECRET, replace
 from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for
-from tests.support.payloads import telegram_update
+from tests.support.payloads import avito_webhook, telegram_update
 from tests.support.pipeline import pipeline_settings
 from tests.support.receiver import running_receiver
 from tests.support.services import running_coalescers, running_responders
@@ -107,6 +107,36 @@ async def test_resolving_records_who_and_why_and_replied_manually_feeds_the_answ
         f"/v1/operations/{b}/resolve", headers=ADMIN, json={"resolution": "whatever", "owner": "x"}
     )
     assert bad.status_code == 422
+
+
+async def test_an_avito_message_without_created_is_ordered_by_receipt_and_can_be_resolved_as_replied_manually(
+    api, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    # Avito's `created` is optional in its document: the platform time is then the
+    # receipt time, so platform order and the answered marker have a time to go by.
+    world.fail("avito.send", "400")
+    payload = avito_webhook("no-created-1", chat_id="nc")
+    del payload["payload"]["value"]["created"]
+    r = await api.post(f"/v1/webhooks/avito/{AVITO_SECRET}", json=payload)
+    assert r.status_code == 200, r.text
+    op = r.json()["operation_id"]
+    assert await pool.fetchval("SELECT sent_at = received_at FROM operations WHERE id = $1", op)
+    await settled(api, op, "failed")
+    r = await api.post(
+        f"/v1/operations/{op}/resolve",
+        headers=ADMIN,
+        json={"resolution": "replied_manually", "owner": "anna", "note": "answered in the Avito app"},
+    )
+    assert r.status_code == 200, r.text
+    assert (await settled(api, op, "replied"))[
+        "status_text"
+    ] == "replied manually by anna: answered in the Avito app"
+    marker = await pool.fetchrow(
+        "SELECT c.last_answered_message_id, c.last_answered_sent_at = o.sent_at AS same_time "
+        "FROM chats c, operations o WHERE c.chat_key = 'avito:777:nc' AND o.id = $1",
+        op,
+    )
+    assert marker is not None and marker["last_answered_message_id"] == "no-created-1" and marker["same_time"]
 
 
 async def test_lists_filter_by_status_and_age_newest_first(api, world: FakeWorld) -> None:

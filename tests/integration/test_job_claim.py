@@ -352,3 +352,22 @@ async def test_before_send_leaves_the_window_alone_while_an_earlier_message_of_t
         await pool.fetchval("SELECT window_id FROM window_messages WHERE operation_id = $1", later) == window
     )
     assert await pool.fetchval("SELECT operation_ids FROM reply_jobs WHERE id = $1", job_id) == [first]
+
+
+async def test_the_previous_releases_claim_still_answers_with_its_parallel_arrays_during_a_rollout(
+    pool: asyncpg.Pool,
+) -> None:
+    # chatq_claim (one row of nineteen columns) stays one release for the responders
+    # still running it; it spreads chatq_claim_job's composite value out the old way.
+    late = await operation(pool, "11", at=T0 + timedelta(seconds=5))
+    early = await operation(pool, "9", at=T0)
+    job_id = await job(pool, [late, early])
+    async with pool.acquire() as conn:
+        row = await conn.fetchrow("SELECT * FROM chatq_claim($1, 1, 4242, 12)", job_id)
+        await conn.execute("SELECT pg_advisory_unlock_all()")
+    assert row is not None and row["outcome"] == "claimed" and row["platform"] == "telegram"
+    assert row["operation_ids"] == [early, late]
+    assert row["message_ids"] == ["9", "11"]
+    assert row["texts"] == ["message 9", "message 11"]
+    assert row["sent_ats"] == [T0, T0 + timedelta(seconds=5)]
+    assert row["delivery_status"] is None and row["history_roles"] == []

@@ -22,7 +22,7 @@ PAGES = [README, *DOCS]
 FENCE = re.compile(r"^ *```.*?^ *```", re.M | re.S)
 CODE_SPAN = re.compile(r"`([^`\n]+)`")
 METRIC_DEFINITION = re.compile(r"\b(?:Counter|Gauge|Histogram|Summary)\(\s*\"(chatq_[a-z0-9_]+)\"", re.S)
-SQL_FUNCTION = re.compile(r"FUNCTION\s+(?:public\.)?(chatq_[a-z0-9_]+)", re.I)
+SQL_FUNCTION = re.compile(r"(?:FUNCTION|TYPE)\s+(?:public\.)?(chatq_[a-z0-9_]+)", re.I)
 CHATQ_NAME = re.compile(r"\bchatq_[a-z0-9_]+\b")
 LINK = re.compile(r"\]\(([^)\s]+)\)")
 
@@ -77,6 +77,7 @@ def exported_metrics() -> set[str]:
 
 
 def sql_functions() -> set[str]:
+    """The SQL functions and types, named chatq_ like the metrics."""
     names: set[str] = set()
     for source in (ROOT / "shared").rglob("*.sql"):
         names |= set(SQL_FUNCTION.findall(source.read_text(encoding="utf-8")))

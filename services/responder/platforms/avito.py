@@ -11,7 +11,7 @@ from __future__ import annotations
 import asyncio
 import logging
 import time
-from typing import Any
+from typing import Any, TypeGuard
 
 import asyncpg
 
@@ -336,7 +336,7 @@ def _detail(response: Answer) -> str:
     return str(err.get("message", err) if isinstance(err, dict) else err)[:200]
 
 
-def _is_time(value: object) -> bool:
+def _is_time(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
 
 
