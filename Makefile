@@ -14,7 +14,7 @@ export CHATQ_TEST_DATABASE_URL CHATQ_TEST_AMQP_URL CHATQ_TEST_RABBITMQ_API_URL
 
 PYTEST_ARGS ?=
 
-.PHONY: install test unit integration e2e lint types run demo chaos soak migrate definitions services-check bench tools-bench tools-test clean
+.PHONY: install test unit integration e2e lint types run demo chaos soak migrate definitions services-check bench tools-bench tools-test cluster cluster-stop clean
 
 install: $(STAMP)
 
@@ -77,6 +77,17 @@ run: install
 	$(BIN)/python -m shared.preflight --create-database --start-with-compose --env-file "$(ENV_FILE)"
 	$(BIN)/python -m services --env-file "$(ENV_FILE)"
 
+# A local three-node RabbitMQ cluster of the installed RabbitMQ, beside the default node
+# (which it leaves alone): AMQP on CLUSTER_PORT..+2, management 10000 higher, Erlang
+# distribution 20000 higher, data in /tmp/chatq-cluster-<port>. Prints the
+# CHATQ_AMQP_URL that lists the three nodes; `make cluster-stop` stops and removes it.
+CLUSTER_PORT ?= 5681
+cluster: install
+	$(BIN)/python -m chaos.cluster start --base-port $(CLUSTER_PORT)
+
+cluster-stop: install
+	$(BIN)/python -m chaos.cluster stop --base-port $(CLUSTER_PORT)
+
 # Load tools: wrk from Debian's packages (pgbench comes with PostgreSQL).
 tools-bench:
 	@command -v wrk >/dev/null || { apt-get update -qq && apt-get install -y -qq wrk; }
@@ -96,6 +107,7 @@ demo: install services-check
 
 # The full fault campaign: every scenario, thousands of messages, the accounting table.
 # Restarts the local RabbitMQ and Postgres in two scenarios: run it on a machine of its own.
+# The cluster scenario starts a three-node RabbitMQ cluster of its own (chaos/cluster.py).
 chaos: install services-check
 	$(BIN)/python -m chaos --admin-database-url "$(CHATQ_TEST_DATABASE_URL)" \
 	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"

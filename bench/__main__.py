@@ -5,7 +5,8 @@ Runs, in order, each as its own process writing bench/results/<name>.json: bench
 (receiver vs pgbench), bench.relay (relay vs raw aio-pika publisher), bench.responder
 (responder vs bare consumer), bench.coalescer (100,000 open windows), bench.blocked
 (10,000 chats behind a job in flight, the scheduler before and after), bench.pipeline
-(end to end: chatqueue, Celery, Postgres polling table). The table and every figure go
+(end to end: chatqueue, Celery, Postgres polling table), bench.accounts (1,000 accounts
+x 10 chats, bursts together: answered once, fairness between accounts). The table and every figure go
 to bench/results/bench.json. Machines are shared and noisy: read the ratios.
 """
 
@@ -27,6 +28,7 @@ STEPS = {
     "coalescer": ["bench.coalescer", "--open", "100000", "--due", "10000"],
     "blocked": ["bench.blocked", "--chats", "10000"],
     "pipeline": ["bench.pipeline"],
+    "accounts": ["bench.accounts", "--accounts", "1000", "--chats", "10"],
 }
 
 
@@ -115,6 +117,16 @@ def rows() -> list[dict[str, Any]]:
             row(
                 "memory", f"{name} peak RSS under end-to-end load", mb, "", None, "<= 150 MB", mb <= 150, "MB"
             )
+    accounts = load("accounts.json")
+    if accounts:
+        row("accounts", f"{accounts['accounts']:,} accounts x {accounts['chats'] // accounts['accounts']} chats: bursts answered once",
+            accounts["chats_answered"], "chats", accounts["chats"], "every one, once", accounts["answered_once"], "chats")  # fmt: skip
+        row("accounts", "worst account's p99 receipt-to-reply", accounts["account_p99_worst_s"],
+            "median account's p99", accounts["account_p99_median_s"], "ratio <= 2",
+            accounts["fairness_ratio"] is not None and accounts["fairness_ratio"] <= 2, "s")  # fmt: skip
+        for name, mb in accounts["peak_rss_mb"].items():
+            row("accounts", f"{name} peak RSS with {accounts['accounts']:,} accounts", mb, "", None, "<= 150 MB",
+                mb <= 150, "MB")  # fmt: skip
     return out
 
 

@@ -162,16 +162,22 @@ def instant_settings(db_url: str, amqp_url: str, world: FakeWorld, **overrides: 
     return Settings(**{**values, **overrides})
 
 
+async def started_services(settings: Settings) -> dict[str, Receiver | Worker]:
+    """chatqueue's three services as processes on ``settings``, started."""
+    procs: dict[str, Receiver | Worker] = {
+        "receiver": Receiver(settings),
+        "coalescer": Worker("coalescer", settings),
+        "responder": Worker("responder", settings),
+    }
+    for p in procs.values():
+        await p.start()
+    return procs
+
+
 async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any]:
     async with fresh(args) as (db_url, amqp_url):
         settings = instant_settings(db_url, amqp_url, world)
-        procs = {
-            "receiver": Receiver(settings),
-            "coalescer": Worker("coalescer", settings),
-            "responder": Worker("responder", settings),
-        }
-        for p in procs.values():
-            await p.start()
+        procs = await started_services(settings)
         try:
             pids = {name: p.proc.pid for name, p in procs.items() if p.proc}
             saturated = await load(procs["receiver"].url, world, args, lua_file(WRK_SCRIPT), pids=pids)

@@ -19,14 +19,15 @@ import signal
 import subprocess
 import time
 from collections import Counter, defaultdict
-from collections.abc import Awaitable, Callable
-from dataclasses import dataclass, field
+from collections.abc import AsyncIterator, Awaitable, Callable
+from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
 import asyncpg
 import httpx
 
 from bench.support import drop_database, fresh_database, private_vhost
+from chaos import node_loss
 from shared.faults import KNOWN_POINTS
 from shared.settings import Settings
 from tests.fakes.platforms import FakeWorld, running_fakes
@@ -68,6 +69,10 @@ class Cluster:
     receiver_ports: list[int]
     procs: dict[str, ServiceProcess] = field(default_factory=dict)
     restarts: Counter[str] = field(default_factory=Counter)
+    #: The three-node RabbitMQ cluster, in the scenarios that run on one.
+    rabbit: node_loss.RabbitCluster | None = None
+    #: When the load's last message is due (time.monotonic()).
+    load_ends: float = 0.0
 
     @property
     def replicas(self) -> int:
@@ -138,6 +143,10 @@ class Scenario:
     llm: bool = False
     replicas: int = 1
     person: Person | None = None
+    #: On a local three-node RabbitMQ cluster (chaos.cluster) instead of the machine's node.
+    on_cluster: bool = False
+    #: The load lasts at least this long (the node losses need time).
+    min_seconds: float = 0.0
 
 
 # ---- faults --------------------------------------------------------------------------
@@ -320,6 +329,24 @@ async def check_the_chat(admin: httpx.AsyncClient, pool: asyncpg.Pool, world: Fa
     return done
 
 
+async def broker_node_losses(
+    cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event
+) -> None:
+    """Every 20-40 s a RabbitMQ node is lost (killed, stopped, or once cut off) and later
+    back (chaos.node_loss)."""
+    assert cluster.rabbit is not None
+    await node_loss.node_losses(cluster.rabbit, done, interval=(20, 40), load_ends=cluster.load_ends)
+
+
+async def one_broker_node_killed(
+    cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event
+) -> None:
+    """The short variant: the node holding the most connections is killed once, 15 s in."""
+    assert cluster.rabbit is not None
+    await _sleep_or_done(done, 15)
+    await cluster.rabbit.lose("kill", "connections", down_for=10)
+
+
 async def _sleep_or_done(done: asyncio.Event, seconds: float) -> None:
     with contextlib.suppress(TimeoutError):
         await asyncio.wait_for(done.wait(), timeout=seconds)
@@ -347,8 +374,17 @@ REPLICAS = [
     Scenario("two replicas of each service", no_faults, replicas=2),
     Scenario("two replicas of each, kill -9 at random moments", random_kills, replicas=2),
 ]
+#: A three-node RabbitMQ cluster losing a node under traffic (issue 22).
+NODE_LOSS = Scenario(
+    "RabbitMQ cluster: a node killed, stopped or cut every 20-40 s",
+    broker_node_losses,
+    on_cluster=True,
+    min_seconds=240,
+)
+NODE_KILLED_ONCE = Scenario("RabbitMQ cluster: one node killed", one_broker_node_killed, on_cluster=True)
 FULL = [
     *SHORT,
+    NODE_LOSS,
     Scenario("retry tiers unreachable while the platform fails", retry_tiers_cut),
     Scenario("responder crashes past the delivery limit", responder_crash_loop, person=retry_failed),
     Scenario("RabbitMQ stopped and started", broker_restart),
@@ -465,10 +501,20 @@ class Verdict:
     reasons: dict[str, int]
     lost_reasons: dict[str, int]
     seconds: float
+    #: On a RabbitMQ cluster: each node loss and its recovery times, and what the work
+    #: queues held (ready + unacknowledged) once the load had drained.
+    node_losses: list[dict[str, object]] = field(default_factory=list)
+    unsettled: dict[str, int] = field(default_factory=dict)
 
     @property
     def ok(self) -> bool:
-        return self.lost == 0 and self.duplicated == 0 and self.out_of_order == 0
+        return (
+            self.lost == 0
+            and self.duplicated == 0
+            and self.out_of_order == 0
+            and not any(self.unsettled.values())
+            and all(loss.get("reconnected_after") is not None for loss in self.node_losses)
+        )
 
 
 def delivered_replies(world: FakeWorld) -> set[tuple[str, str]]:
@@ -623,22 +669,38 @@ def _with_port(url: str, port: int) -> str:
     return urlunsplit((p.scheme, f"{auth}127.0.0.1:{port}", p.path, "", ""))
 
 
+@contextlib.asynccontextmanager
+async def _broker(
+    scenario: Scenario, infra: Infra
+) -> AsyncIterator[tuple[str, TcpProxy, node_loss.RabbitCluster | None]]:
+    """CHATQ_AMQP_URL for the services, the fault proxy in front of the broker and, on a
+    cluster, the cluster: a vhost of its own on the machine's RabbitMQ, or a fresh local
+    three-node cluster (a proxy in front of each node; the first node's is yielded)."""
+    if scenario.on_cluster:
+        async with node_loss.rabbit_cluster() as rabbit:
+            yield rabbit.amqp_url, next(iter(rabbit.proxies.values())), rabbit
+        return
+    async with private_vhost(infra.amqp_url, infra.rabbitmq_api_url) as amqp_url:
+        target = urlsplit(amqp_url)
+        proxy = await TcpProxy(target.hostname or "127.0.0.1", target.port or 5672).start()
+        try:
+            yield _with_port(amqp_url, proxy.port), proxy, None
+        finally:
+            await proxy.close()
+
+
 async def run_scenario(
     scenario: Scenario, infra: Infra, *, messages: int, chats: int, duration: float, seed: int = 1
 ) -> Verdict:
     rng = random.Random(seed)
-    started = time.monotonic()
+    duration = max(duration, scenario.min_seconds)
     name, db_url = await fresh_database(infra.admin_database_url)
     try:
-        async with (
-            private_vhost(infra.amqp_url, infra.rabbitmq_api_url) as amqp_url,
-            running_fakes() as world,
-        ):
-            target = urlsplit(amqp_url)
-            proxy = await TcpProxy(target.hostname or "127.0.0.1", target.port or 5672).start()
+        async with _broker(scenario, infra) as (amqp_url, proxy, rabbit), running_fakes() as world:
+            started = time.monotonic()  # the cluster's boot is not the scenario's time
             settings = Settings(
                 database_url=db_url,
-                amqp_url=_with_port(amqp_url, proxy.port),
+                amqp_url=amqp_url,
                 telegram_webhook_secret=TG_SECRET,
                 telegram_bot_token="4242:chaos",
                 telegram_api_base=world.url,
@@ -663,12 +725,13 @@ async def run_scenario(
                 database_pool_size=6,
                 log_level="WARNING",
             )
-            cluster = Cluster(settings, [free_port() for _ in range(scenario.replicas)])
+            cluster = Cluster(settings, [free_port() for _ in range(scenario.replicas)], rabbit=rabbit)
             await cluster.start_all()
             pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
             try:
                 bursts = make_events(messages, chats, duration, rng)
                 done = asyncio.Event()
+                cluster.load_ends = time.monotonic() + duration
                 faults = asyncio.create_task(scenario.faults(cluster, proxy, world, done))
                 await drive(cluster.receiver_urls, bursts, rng)
                 done.set()
@@ -686,7 +749,7 @@ async def run_scenario(
                     ) as admin:
                         person = await scenario.person(admin, pool, world)
                     await drain(pool)
-                return await verdict(
+                result = await verdict(
                     scenario.name,
                     pool,
                     world,
@@ -695,10 +758,14 @@ async def run_scenario(
                     time.monotonic() - started,
                     person,
                 )
+                if rabbit is not None:
+                    await node_loss.first_replies(pool, rabbit.losses)
+                    result.node_losses = [asdict(loss) for loss in rabbit.losses]
+                    result.unsettled = await rabbit.unsettled()
+                return result
             finally:
                 await pool.close()
                 await cluster.stop_all()
-                await proxy.close()
     finally:
         with contextlib.suppress(Exception):
             await drop_database(infra.admin_database_url, name)
@@ -749,6 +816,10 @@ def table(verdicts: list[Verdict]) -> str:
     lines = ["  ".join(c.ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cells]
     lines.insert(1, "  ".join("-" * w for w in widths))
     for v in verdicts:
+        if v.node_losses or v.unsettled:
+            lines.append(f"  {v.scenario}:")
+            losses = [node_loss.Loss(**x) for x in v.node_losses]  # type: ignore[arg-type]
+            lines += node_loss.report(losses, v.unsettled)
         if v.reasons:
             lines.append(f"  {v.scenario}: " + "; ".join(f"{n}× {r}" for r, n in v.reasons.items()))
         if v.lost_reasons:

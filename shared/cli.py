@@ -180,16 +180,25 @@ def _chats(api: Api, args: argparse.Namespace) -> str:
 
 
 def _stats(api: Api, args: argparse.Namespace) -> str:
-    s = api.call("GET", "/v1/stats")
+    s = api.call("GET", "/v1/stats", params={"account": args.account} if args.account else None)
     if args.json:
         return json.dumps(s, indent=2)
+    scope = [f"account {s['account']}", ""] if s.get("account") else []
     backlog = table(
         [(k, v["count"], age(v["oldest_age_seconds"])) for k, v in s["backlog"].items()],
         ("state", "count", "oldest"),
     )
     d = s["last_24h"]
+    per_account = []
+    if s.get("accounts") and not s.get("account"):
+        per_account = [
+            "",
+            _account_rows(s["accounts"])
+            + f"\n{len(s['accounts'])} of {s['accounts_total']} account(s), most backlog first",
+        ]
     return "\n".join(
         [
+            *scope,
             backlog,
             "",
             f"backlog                     {s['backlog_total']} unfinished",
@@ -203,8 +212,140 @@ def _stats(api: Api, args: argparse.Namespace) -> str:
             f"answered by the seller {d['answered_by_seller']}, failed {d['failed']}, "
             f"needs review {d['needs_review']}, resolved {d['resolved']}, ignored {d['ignored']}, "
             f"duplicates {d['duplicates']}",
+            *per_account,
         ]
     )
+
+
+def _account_rows(numbers: list[dict[str, Any]]) -> str:
+    rows = [
+        (
+            f"{n['platform']}:{n['account_id']}",
+            n["name"],
+            n["state"],
+            n["backlog"],
+            age(n["receipt_to_reply_p50_seconds"]),
+            f"{n['failed_share'] * 100:.1f} %",
+            n["retries"],
+        )
+        for n in numbers
+    ]
+    return table(rows, ("account", "name", "state", "backlog", "reply p50", "failed", "retries"))
+
+
+#: ``chatq accounts add`` options that carry a credential: their value is read from a
+#: file (``@path``) or standard input (``-``) rather than typed where ``ps`` shows it.
+SECRET_OPTIONS = ("bot_token", "webhook_secret", "client_id", "client_secret", "reply_url", "reply_secret")
+
+
+def _secret_value(value: str) -> str:
+    if value == "-":
+        return sys.stdin.readline().strip()
+    if value.startswith("@"):
+        try:
+            with open(value[1:]) as fh:
+                return fh.read().strip()
+        except OSError as exc:
+            raise CliError(EXIT_USAGE, f"cannot read {value[1:]}: {exc.strerror}") from None
+    return value
+
+
+def _account_ref(ref: str) -> str:
+    platform, sep, account_id = ref.partition(":")
+    if not sep or not platform or not account_id:
+        raise CliError(EXIT_USAGE, "name the account as PLATFORM:ACCOUNT_ID, e.g. avito:123456")
+    return f"{quote(platform, safe='')}/{quote(account_id, safe='')}"
+
+
+def _account_text(a: dict[str, Any]) -> str:
+    lines = [
+        f"account    {a['platform']}:{a['account_id']}  ({a['name'] or 'no name'})",
+        f"state      {a['state']}" + (f" — {a['reason']}" if a.get("reason") else ""),
+        f"source     {a['source']}",
+        f"webhook    {a['webhook_path']}",
+        "credentials " + (", ".join(a["credentials_set"]) or "(the environment's)"),
+    ]
+    for key, value in a["overrides"].items():
+        shown = value if not isinstance(value, str) or len(value) < 60 else value[:57] + "..."
+        lines.append(f"override   {key} = {shown}")
+    if a.get("numbers"):
+        n = a["numbers"]
+        lines.append(
+            f"numbers    backlog {n['backlog']}, reply p50 {age(n['receipt_to_reply_p50_seconds'])}, "
+            f"failed {n['failed_share'] * 100:.1f} %, retries {n['retries']} (24 h)"
+        )
+    return "\n".join(lines)
+
+
+def _accounts(api: Api, args: argparse.Namespace) -> str:
+    if args.action == "rotate-key":
+        r = api.call("POST", "/v1/accounts/rotate-key")
+        left = (
+            f"; {len(r['unopened'])} no configured key opens: {', '.join(r['unopened'])}"
+            if r["unopened"]
+            else ""
+        )
+        return f"sealed {r['resealed']} account(s) again under the first SECRETS_KEY{left}"
+    if args.action == "list":
+        found = api.call("GET", "/v1/accounts", params={"removed": "true"} if args.removed else None)
+        if args.json:
+            return json.dumps(found["accounts"], indent=2, ensure_ascii=False)
+        rows = [
+            (f"{a['platform']}:{a['account_id']}", a["name"], a["state"], a["source"], a["webhook_path"])
+            for a in found["accounts"]
+        ]
+        return (
+            table(rows, ("account", "name", "state", "source", "webhook")) + f"\n{found['count']} account(s)"
+        )
+    if not args.account:
+        raise CliError(EXIT_USAGE, f"chatq accounts {args.action} PLATFORM:ACCOUNT_ID")
+    path = f"/v1/accounts/{_account_ref(args.account)}"
+    if args.action == "add":
+        platform, _, account_id = args.account.partition(":")
+        credentials = {k: _secret_value(v) for k in SECRET_OPTIONS if (v := getattr(args, k)) is not None}
+        overrides: dict[str, Any] = {}
+        if args.facts_file:
+            try:
+                with open(args.facts_file) as fh:
+                    overrides["facts"] = fh.read()
+            except OSError as exc:
+                raise CliError(EXIT_USAGE, f"cannot read {args.facts_file}: {exc.strerror}") from None
+        for key in ("llm_model", "prompt", "takeover_seconds", "rate_per_second"):
+            if getattr(args, key) is not None:
+                overrides[key] = getattr(args, key)
+        if args.reply_delay:
+            low, _, high = args.reply_delay.partition(",")
+            try:
+                overrides["reply_delay_min_seconds"] = float(low)
+                overrides["reply_delay_max_seconds"] = float(high or low)
+            except ValueError:
+                raise CliError(EXIT_USAGE, "--reply-delay is MIN,MAX in seconds, e.g. 20,60") from None
+        a = api.call(
+            "POST",
+            "/v1/accounts",
+            json={
+                "platform": platform,
+                "account_id": account_id,
+                "name": args.name or f"{platform} {account_id}",
+                "credentials": credentials,
+                "overrides": overrides,
+            },
+        )
+        head = "added" if a.get("created") else "updated"
+        return f"{head} {a['platform']}:{a['account_id']}\n{_account_text(a)}"
+    if args.action == "show":
+        a = api.call("GET", path)
+        return json.dumps(a, indent=2, ensure_ascii=False) if args.json else _account_text(a)
+    if args.action == "pause":
+        if not args.reason:
+            raise CliError(EXIT_USAGE, "chatq accounts pause PLATFORM:ACCOUNT_ID --reason WHY")
+        a = api.call("POST", f"{path}/pause", json={"reason": args.reason, "by": args.by or "admin"})
+        return f"paused {args.account}: its replies wait until it is resumed\n{_account_text(a)}"
+    if args.action == "resume":
+        a = api.call("POST", f"{path}/resume")
+        return f"{args.account}: {a['state']}\n{_account_text(a)}"
+    a = api.call("DELETE", path)
+    return f"removed {args.account}: its credentials are wiped and its webhooks refused; its record stays"
 
 
 def _migrate(_: Api | None, args: argparse.Namespace) -> str:
@@ -229,6 +370,13 @@ def _topology(_: Api | None, args: argparse.Namespace) -> str:
 
 def _connect(_: Api | None, args: argparse.Namespace) -> str:
     from shared.connect import ConnectError, connect_avito, connect_telegram
+
+    if args.account:
+        # An added account: the receiver connects it with the credentials only it holds.
+        token = args.settings.admin_token.get_secret_value() if args.settings.admin_token else None
+        api = Api(args.settings.admin_base_url, token)
+        ref = _account_ref(f"{args.platform}:{args.account}")
+        return api.call("POST", f"/v1/accounts/{ref}/connect", json={"disconnect": args.disconnect})["text"]
 
     connect = connect_telegram if args.platform == "telegram" else connect_avito
 
@@ -306,8 +454,30 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("chat", nargs="?", help="PLATFORM:ACCOUNT:CHAT (resume)")
     s.set_defaults(run=_chats, api=True)
     s = sub.add_parser("stats", help="backlog, oldest unfinished, failed share, retries, reply time")
+    s.add_argument("--account", help="one account's numbers: PLATFORM:ACCOUNT_ID")
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=_stats, api=True)
+    s = sub.add_parser(
+        "accounts", help="the accounts this deployment answers for: add, list, show, pause, ..."
+    )
+    s.add_argument("action", choices=["add", "list", "show", "pause", "resume", "remove", "rotate-key"])
+    s.add_argument(
+        "account", nargs="?", help="PLATFORM:ACCOUNT_ID (Telegram: the bot id; Avito: the user_id)"
+    )
+    s.add_argument("--name")
+    for key in SECRET_OPTIONS:
+        s.add_argument(f"--{key.replace('_', '-')}", dest=key, help="a value, @FILE, or - (a line of stdin)")
+    s.add_argument("--facts-file", help="this account's facts (read now, kept in the database)")
+    s.add_argument("--model", dest="llm_model")
+    s.add_argument("--prompt")
+    s.add_argument("--reply-delay", help="MIN,MAX seconds before a reply")
+    s.add_argument("--takeover-seconds", type=float)
+    s.add_argument("--rate-per-second", type=float, help="this account's send pace")
+    s.add_argument("--reason", help="pause: why (shown with the account)")
+    s.add_argument("--by", help="pause: who")
+    s.add_argument("--removed", action="store_true", help="list: removed accounts too")
+    s.add_argument("--json", action="store_true")
+    s.set_defaults(run=_accounts, api=True)
     s = sub.add_parser("migrate", help="apply pending database migrations")
     s.set_defaults(run=_migrate, api=False)
     s = sub.add_parser("topology", help="broker topology")
@@ -320,6 +490,7 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("platform", choices=["telegram", "avito"])
     s.add_argument("--disconnect", action="store_true", help="remove this deployment's webhook instead")
+    s.add_argument("--account", help="an added account's id (its own webhook, connected by the receiver)")
     s.set_defaults(run=_connect, api=False)
     s = sub.add_parser("doctor", help="check everything buyers' messages need; exit 1 if anything fails")
     s.set_defaults(run=_doctor, api=False)

@@ -47,8 +47,9 @@ class Outcome:
     changed: bool
 
 
-def telegram_webhook_url(settings: Settings) -> str:
-    return f"{settings.public_url}{TELEGRAM_WEBHOOK_PATH}"
+def telegram_webhook_url(settings: Settings, account: str | None = None) -> str:
+    """The environment's bot's path, or an added bot's own (``/v1/webhooks/telegram/{id}``)."""
+    return f"{settings.public_url}{TELEGRAM_WEBHOOK_PATH}" + (f"/{account}" if account else "")
 
 
 def avito_webhook_url(settings: Settings) -> str:
@@ -91,14 +92,16 @@ def _webhook_lines(info: dict[str, object]) -> list[str]:
     ]
 
 
-async def connect_telegram(settings: Settings, client: httpx.AsyncClient, *, disconnect: bool) -> Outcome:
+async def connect_telegram(
+    settings: Settings, client: httpx.AsyncClient, *, disconnect: bool, account: str | None = None
+) -> Outcome:
     needed: dict[str, object] = {"CHATQ_TELEGRAM_BOT_TOKEN": settings.telegram_bot_token}
     if not disconnect:
         needed["CHATQ_TELEGRAM_WEBHOOK_SECRET"] = settings.telegram_webhook_secret
     _require(settings, telegram=True, needed=needed)
     assert settings.telegram_bot_token is not None
     api = TelegramAdmin(settings.telegram_api_base, settings.telegram_bot_token.get_secret_value(), client)
-    ours = telegram_webhook_url(settings)
+    ours = telegram_webhook_url(settings, account)
     try:
         me = await api.get_me()
         bot = f"@{me.get('username', '?')} (id {me.get('id', '?')})"

@@ -126,18 +126,34 @@ async def check_accounts(url: str) -> list[Check]:
 
 
 async def check_broker(settings: Settings) -> list[Check]:
-    url = settings.amqp_url.get_secret_value()
-    try:
-        connection = await aio_pika.connect(url, timeout=5)
-    except (OSError, AMQPError, TimeoutError) as exc:
-        return [
-            fail(
-                "broker",
-                f"{redact_url(url)} does not answer ({type(exc).__name__})",
-                "start RabbitMQ, or set CHATQ_AMQP_URL to where it runs (and its user and password)",
-            ),
-            skipped("broker topology", "the broker is not reachable"),
-        ]
+    """Each RabbitMQ address answers (each node of a cluster: a node down is a FAIL with
+    the services still running on the others), and the topology is declared."""
+    urls = settings.amqp_urls()
+    checks: list[Check] = []
+    connection = None
+    for url in urls:
+        name = "broker" if len(urls) == 1 else f"broker {redact_url(url)}"
+        try:
+            opened = await aio_pika.connect(url, timeout=5)
+        except (OSError, AMQPError, TimeoutError) as exc:
+            others = " (the services carry on through the other nodes)" if len(urls) > 1 else ""
+            checks.append(
+                fail(
+                    name,
+                    f"{redact_url(url)} does not answer ({type(exc).__name__}){others}",
+                    "start RabbitMQ, or set CHATQ_AMQP_URL to where it runs (and its user and password)"
+                    if len(urls) == 1
+                    else "start that node again (it rejoins its cluster), or remove it from CHATQ_AMQP_URL",
+                )
+            )
+            continue
+        checks.append(ok(name, f"reachable at {redact_url(url)}"))
+        if connection is None:
+            connection = opened
+        else:
+            await opened.close()
+    if connection is None:
+        return [*checks, skipped("broker topology", "the broker is not reachable")]
     topology = build_topology(settings.retry_delays())
     missing: list[str] = []
     try:
@@ -156,10 +172,9 @@ async def check_broker(settings: Settings) -> list[Check]:
                 channel = await connection.channel()
     finally:
         await connection.close()
-    reachable = ok("broker", f"reachable at {redact_url(url)}")
     if missing:
         return [
-            reachable,
+            *checks,
             fail(
                 "broker topology",
                 f"not declared: {', '.join(missing)}",
@@ -168,7 +183,7 @@ async def check_broker(settings: Settings) -> list[Check]:
             ),
         ]
     count = len(topology.exchanges) + len(topology.queues)
-    return [reachable, ok("broker topology", f"all {count} exchanges and queues declared")]
+    return [*checks, ok("broker topology", f"all {count} exchanges and queues declared")]
 
 
 async def check_telegram(settings: Settings, client: httpx.AsyncClient, now: float) -> list[Check]:

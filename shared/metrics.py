@@ -76,6 +76,23 @@ CONSUMER_OLDEST_UNSETTLED = Gauge(
 JOBS_REDRIVEN = Counter(
     "chatq_jobs_redriven_total", "Reply jobs in flight that nobody held past the bound, published again."
 )
+# Per account, only with METRICS_ACCOUNT_LABEL (each account is a series: thousands of
+# accounts are thousands of series). The totals above never carry an account.
+ACCOUNT_WEBHOOKS = Counter(
+    "chatq_account_webhooks_total",
+    "Webhook deliveries by account (METRICS_ACCOUNT_LABEL only).",
+    ["platform", "account", "outcome"],
+)
+ACCOUNT_REPLIES = Counter(
+    "chatq_account_replies_total",
+    "Replies sent by account (METRICS_ACCOUNT_LABEL only).",
+    ["platform", "account"],
+)
+ACCOUNT_BACKLOG = Gauge(
+    "chatq_account_backlog",
+    "Unfinished operations of each account with any (METRICS_ACCOUNT_LABEL only).",
+    ["platform", "account"],
+)
 RECOVERED_MESSAGES = Counter(
     "chatq_recovered_messages_total",
     "Messages a poll found that no webhook had brought, stored through the webhook's intake, by platform.",

@@ -48,7 +48,9 @@ def masked_url(url: str) -> str:
     path = parts.path
     if AVITO_WEBHOOK_PATH in path:
         path = path[: path.index(AVITO_WEBHOOK_PATH) + len(AVITO_WEBHOOK_PATH)] + "***"
-    elif path.strip("/") and not path.endswith(TELEGRAM_WEBHOOK_PATH):
+    elif path.strip("/") and not (
+        path.endswith(TELEGRAM_WEBHOOK_PATH) or path.rsplit("/", 1)[0].endswith(TELEGRAM_WEBHOOK_PATH)
+    ):
         path = "/…"
     return urlunsplit((parts.scheme, netloc, path, "…" if parts.query else "", ""))
 

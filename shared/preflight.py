@@ -118,11 +118,11 @@ def _problems(args: argparse.Namespace) -> list[str]:
     pg = asyncio.run(_check_postgres(args.database_url, args.create_database))
     if pg:
         problems.append(pg)
-    amqp = urlsplit(args.amqp_url)
-    if not _tcp_open(amqp.hostname or "127.0.0.1", amqp.port or 5672):
-        problems.append(
-            f"RabbitMQ at {redact_url(args.amqp_url)} does not answer. Start it: {START_RABBITMQ}"
-        )
+    # CHATQ_AMQP_URL may list a cluster's nodes: one that answers is enough to start.
+    nodes = [urlsplit(u) for u in args.amqp_url.split(",") if u.strip()]
+    if not any(_tcp_open(n.hostname or "127.0.0.1", n.port or 5672) for n in nodes):
+        where = ", ".join(redact_url(u.geturl()) for u in nodes)
+        problems.append(f"RabbitMQ at {where} does not answer. Start it: {START_RABBITMQ}")
     elif args.rabbitmq_api_url:
         api = urlsplit(args.rabbitmq_api_url)
         try:

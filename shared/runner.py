@@ -84,7 +84,7 @@ class Supervisor:
     def broker(self, name: str) -> BrokerConnection:
         """A connection of its own to RabbitMQ (one per role: a consumer's flow control
         never blocks another connection's publishes), closed after the parts that use it."""
-        broker = BrokerConnection(self.settings.amqp_url.get_secret_value(), self.topology, name=name)
+        broker = BrokerConnection(self.settings.amqp_urls(), self.topology, name=name)
         self.stack.push_async_callback(self._close, f"broker connection {name}", broker.close)
         return broker
 

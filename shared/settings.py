@@ -27,6 +27,7 @@ GUARDED_SECRETS = (
     "alert_webhook_secret",
     "admin_token",
     "admin_token_previous",
+    "secrets_key",
 )
 MIN_SECRET_LENGTH = 16
 # What the example files and tutorials put where a secret goes (compared lower-case).
@@ -64,6 +65,12 @@ def placeholder_reason(secret: str) -> str | None:
     if distinct < MIN_DISTINCT_CHARACTERS:
         return f"has only {distinct} distinct characters (at least {MIN_DISTINCT_CHARACTERS})"
     return None
+
+
+def amqp_addresses(value: str) -> list[str]:
+    """The AMQP URLs in ``CHATQ_AMQP_URL``: one, or several comma-separated (the nodes of a
+    RabbitMQ cluster, each a whole URL with its user, password and vhost)."""
+    return [part.strip() for part in value.split(",") if part.strip()]
 
 
 def url_password(url: str) -> str | None:
@@ -134,6 +141,14 @@ class Settings(BaseSettings):
     generic_reply_url: str | None = None
     generic_reply_secret: SecretStr | None = None
 
+    # Accounts as data (README "Many accounts"): the Fernet keys that encrypt the accounts'
+    # credentials in Postgres, comma-separated; the first encrypts, every one decrypts. Or a
+    # file holding them (read again at each refresh: a rotation needs no restart).
+    secrets_key: SecretStr | None = None
+    secrets_key_file: str | None = None
+    # How often each process reads the accounts again (a change also tells them at once).
+    accounts_refresh_seconds: float = Field(default=30.0, gt=0)
+
     # Reply logic
     llm_base_url: str | None = None
     llm_api_key: SecretStr | None = None
@@ -167,6 +182,9 @@ class Settings(BaseSettings):
     # When the seller answers a chat in person, the bot stays out of it this long (0: it
     # withdraws its pending replies but does not step back).
     takeover_seconds: float = Field(default=3600.0, ge=0)
+    # Fair share between accounts: the most reply jobs of one account emitted and not yet
+    # finished; its other due windows wait in Postgres (0: no limit). README "Many accounts".
+    account_jobs_in_flight: int = Field(default=16, ge=0, le=100_000)
     # An account the platform refused as a whole is asked again this often.
     account_probe_seconds: float = Field(default=60.0, gt=0)
 
@@ -191,6 +209,8 @@ class Settings(BaseSettings):
     # Set: they move to this port and HTTP_PORT serves the webhooks and health checks only.
     admin_port: int | None = Field(default=None, ge=1, le=65535)
     metrics_port: int = Field(default=9100, ge=0, le=65535)
+    # Per-account metrics (an `account` label: one series per account, so opt-in).
+    metrics_account_label: bool = False
 
     # Intake
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
@@ -236,6 +256,16 @@ class Settings(BaseSettings):
             f"for setWebhook's secret_token); {what}. {GENERATE_HINT}"
         )
 
+    @field_validator("secrets_key")
+    @classmethod
+    def _secrets_keys_are_fernet_keys(cls, v: SecretStr | None) -> SecretStr | None:
+        if v is None:
+            return v
+        from shared.secretbox import parse_keys
+
+        parse_keys(v.get_secret_value())  # raises ValueError naming what is wrong, never the key
+        return v
+
     @field_validator("telegram_chat_types")
     @classmethod
     def _telegram_chat_types_are_documented(cls, v: str) -> str:
@@ -247,6 +277,21 @@ class Settings(BaseSettings):
                 f"comma-separated; not {', '.join(unknown) or 'nothing'}"
             )
         return ",".join(t for t in TELEGRAM_CHAT_TYPES if t in types)
+
+    @field_validator("amqp_url")
+    @classmethod
+    def _amqp_urls_are_urls(cls, v: SecretStr) -> SecretStr:
+        addresses = amqp_addresses(v.get_secret_value())
+        if not addresses:
+            raise ValueError("CHATQ_AMQP_URL is empty: give RabbitMQ's URL (or several, comma-separated)")
+        for address in addresses:
+            parts = urlsplit(address)
+            if parts.scheme not in ("amqp", "amqps") or not parts.hostname:
+                raise ValueError(
+                    "CHATQ_AMQP_URL takes amqp:// or amqps:// URLs, comma-separated for the nodes of a "
+                    f"cluster; one of them is {parts.scheme or 'not'} a URL with a host"
+                )
+        return v
 
     @field_validator("greeting")
     @classmethod
@@ -295,10 +340,13 @@ class Settings(BaseSettings):
         if database_url == LOCAL_DATABASE_URL:
             problems.append("CHATQ_DATABASE_URL is the local development default (trust authentication)")
         weak = []
-        for name, url in (("CHATQ_DATABASE_URL", database_url), ("CHATQ_AMQP_URL", amqp_url)):
+        urls = [("CHATQ_DATABASE_URL", database_url)]
+        urls += [("CHATQ_AMQP_URL", url) for url in amqp_addresses(amqp_url)]
+        for name, url in urls:
             password = url_password(url)
             if password and "guest:guest@" not in url and (reason := placeholder_reason(password)):
-                weak.append(f"{name}'s password {reason}, like a placeholder")
+                if (problem := f"{name}'s password {reason}, like a placeholder") not in weak:
+                    weak.append(problem)
         for setting in GUARDED_SECRETS:
             value = getattr(self, setting)
             if value is None:
@@ -368,10 +416,14 @@ class Settings(BaseSettings):
             and isinstance(v := getattr(self, name), SecretStr)
             and v.get_secret_value()
         ]
-        for url in (self.database_url.get_secret_value(), self.amqp_url.get_secret_value()):
+        for url in (self.database_url.get_secret_value(), *self.amqp_urls()):
             if (password := url_password(url)) and password not in values:
                 values.append(password)
         return values
+
+    def amqp_urls(self) -> list[str]:
+        """RabbitMQ's address, or each node's of a cluster (CHATQ_AMQP_URL, comma-separated)."""
+        return amqp_addresses(self.amqp_url.get_secret_value())
 
     @property
     def telegram_account_id(self) -> str:

@@ -4,11 +4,14 @@ the shared supervisor (shared/runner.py), which runs them until SIGTERM and drai
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
+from collections.abc import Callable
 
 import httpx
 
 from shared import metrics
+from shared.accounts import AccountRegistry
 from shared.alerts import Alerter
 from shared.broker.consumer import Consumer
 from shared.broker.dead_letters import DeadLetterRecorder
@@ -35,6 +38,23 @@ def policy_from(settings: Settings) -> WindowPolicy:
     )
 
 
+def account_policies(settings: Settings, registry: AccountRegistry) -> Callable[[str, str], WindowPolicy]:
+    """Each account's window policy: the global one, with the account's reply pause range."""
+    default = policy_from(settings)
+
+    def policy_for(platform: str, account_id: str) -> WindowPolicy:
+        account = registry.get(platform, account_id)
+        low = account.override("reply_delay_min_seconds") if account else None
+        high = account.override("reply_delay_max_seconds") if account else None
+        if low is None and high is None:
+            return default
+        low = default.delay_min if low is None else low
+        high = max(low, default.delay_max if high is None else high)
+        return dataclasses.replace(default, delay_min=low, delay_max=high)
+
+    return policy_for
+
+
 async def run(settings: Settings, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set, then drain; the process's exit status."""
     return await serve("coalescer", settings, stop, lambda parts: declare(parts, settings))
@@ -46,6 +66,9 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     then the relay after one last pass publishes what was emitted, then the ops server."""
     pool = await parts.database(settings.database_pool_size)
     metrics.create_known_series("coalescer")
+    registry = AccountRegistry.from_settings(pool, settings)
+    await registry.start()
+    parts.closing("accounts", registry)
     # Separate connections: a consumer's flow control never blocks the relay's publishes.
     consume_broker = parts.broker("chatq-coalescer")
     relay_broker = parts.broker("chatq-coalescer-relay")
@@ -54,6 +77,8 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     coalescer = Coalescer(
         pool,
         policy_from(settings),
+        policy_for=account_policies(settings, registry),
+        account_jobs=settings.account_jobs_in_flight,
         on_jobs_emitted=relay.notify,
         alerter=Alerter(
             settings.alert_webhook_url,

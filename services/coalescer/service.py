@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+import dataclasses
 import logging
 import random
 import uuid
@@ -113,21 +114,50 @@ WITH w AS (
 # ready-windows index holds only these), and no message of its chat received before the
 # window's last one is still in transit (the SQL function says why; the responder's
 # fold-in waits for the same). Blocked windows are never scanned.
+#
+# Fair share ($2 > 0, ACCOUNT_JOBS_IN_FLIGHT): an account with $2 reply jobs emitted and
+# unfinished gets no more until some finish; its other due windows wait here, in order,
+# instead of queueing ahead of every other account's jobs. Each account's earliest due
+# windows fill its free places.
 _CLAIM_DUE = """
+WITH due AS (
+    SELECT w.id, w.platform, w.account_id, w.due_at FROM chat_windows w
+    WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
+), busy AS (
+    SELECT r.platform, r.account_id, count(*) AS n FROM reply_jobs r
+    WHERE $2 > 0 AND r.status IN ('pending', 'processing')
+      AND (r.platform, r.account_id) IN (SELECT DISTINCT platform, account_id FROM due)
+    GROUP BY 1, 2
+), placed AS MATERIALIZED (
+    SELECT d.id FROM (
+        SELECT d.id, d.platform, d.account_id, d.due_at,
+               row_number() OVER (PARTITION BY d.platform, d.account_id ORDER BY d.due_at) AS place
+        FROM due d
+    ) d LEFT JOIN busy b USING (platform, account_id)
+    WHERE $2 = 0 OR d.place + coalesce(b.n, 0) <= $2
+    ORDER BY d.due_at
+    LIMIT $1 * 2
+), ready AS MATERIALIZED (
+    -- The in-transit check (a query each) only for the few placed windows.
+    SELECT w.id FROM placed p JOIN chat_windows w ON w.id = p.id
+    WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+)
 SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
 FROM chat_windows w
-WHERE w.status = 'open' AND NOT w.blocked
-  AND w.due_at <= clock_timestamp()
-  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+WHERE w.id IN (SELECT id FROM ready)
+  AND w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
 ORDER BY w.due_at
 LIMIT $1
 FOR UPDATE OF w SKIP LOCKED
 """
 
+# The next window to fall due. Windows already due but not emitted (their account at its
+# fair share, a message of their chat in transit, another replica holding them) are
+# looked at again at the next poll: counting them here would spin the scheduler.
 _NEXT_DUE = """
 SELECT extract(epoch FROM w.due_at - clock_timestamp())::float8
 FROM chat_windows w
-WHERE w.status = 'open' AND NOT w.blocked
+WHERE w.status = 'open' AND NOT w.blocked AND w.due_at > clock_timestamp()
   AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
 ORDER BY w.due_at
 LIMIT 1
@@ -181,9 +211,15 @@ class Coalescer:
         alerter: Alerter | None = None,
         owner: str = "on-call",
         caps: JobCaps | None = None,
+        policy_for: Callable[[str, str], WindowPolicy] | None = None,
+        account_jobs: int = 0,
     ) -> None:
+        #: Fair share: the most unfinished reply jobs one account has emitted (0: no limit).
+        self._account_jobs = account_jobs
         self._pool = pool
         self._policy = policy
+        # An account's own reply pause (its override), else ``policy``.
+        self._policy_for = policy_for or (lambda _platform, _account: policy)
         self._alerter = alerter
         self._owner = owner
         self._draw = draw or random.SystemRandom().random
@@ -227,7 +263,17 @@ class Coalescer:
             if not row["known"]:
                 raise Reject(f"operation {inbound.operation_id} is not in the inbox")
             opened = row["id"] is None
-            window = on_message(None if opened else _window(row), row["now"], self._policy, self._draw)
+            policy = self._policy_for(inbound.platform, inbound.account_id)
+            # The window's pause counts from the message's receipt (Postgres' clock, as
+            # ``now``), not from this filing: a message filed late (behind another
+            # account's flood in the inbound queue) waits that much less.
+            at = min(row["now"], inbound.received_at)
+            window = on_message(None if opened else _window(row), at, policy, self._draw)
+            # Yet it waits QUIET_SECONDS after this filing (never past its deadline): the
+            # buyer's next messages, right behind this one in a backlog, join it.
+            floor = min(row["now"] + timedelta(seconds=policy.quiet), window.deadline_at)
+            if window.due_at < floor:
+                window = dataclasses.replace(window, due_at=floor)
             window_id = uuid.uuid4() if opened else row["id"]
             await conn.execute(
                 _FILE_OPENING if opened else _FILE_ADDING,
@@ -298,7 +344,7 @@ class Coalescer:
         whose rows Postgres refuses (a constraint it breaks) is set aside alone: its
         messages fail with the reason, for a person, and the other windows go out."""
         async with self._pool.acquire() as conn, conn.transaction():
-            due = await conn.fetch(_CLAIM_DUE, limit)
+            due = await conn.fetch(_CLAIM_DUE, limit, self._account_jobs)
             if not due:
                 return 0
             ids = [w["id"] for w in due]

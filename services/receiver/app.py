@@ -5,6 +5,7 @@ surface on two) until SIGTERM, then drains."""
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import logging
 import math
 import time
@@ -23,6 +24,7 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.responder.platforms.avito import AvitoPlatform, AvitoToken
 from services.responder.ratelimit import AccountRateLimiter
 from shared import metrics
+from shared.accounts import AccountRegistry, record_environment, record_seen
 from shared.broker.connection import BrokerConnection
 from shared.broker.topology import INBOUND_EXCHANGE
 from shared.faults import fault_point
@@ -32,7 +34,7 @@ from shared.outbox import Relay
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
 
-from . import operations, pages, sandbox
+from . import accounts_api, operations, pages, sandbox
 from .errors import ApiError, install_error_handlers
 from .intake import Intake, IntakeBatcher, Stored, parse_json
 from .limits import BodySizeLimit
@@ -50,18 +52,24 @@ class Runtime:
     pool: asyncpg.Pool
     broker: BrokerConnection
     relay: Relay | None
+    accounts: AccountRegistry
     #: Intake group commit: the webhooks' rows written together.
     intake: IntakeBatcher
     #: The Avito poller (AVITO_POLL_SECONDS); None when off.
     recovery: AvitoRecovery | None = None
 
 
-async def _refresh_backlog_gauges(pool: asyncpg.Pool) -> None:
-    """chatq_backlog and chatq_oldest_unfinished_age_seconds, from Postgres."""
+async def _refresh_backlog_gauges(pool: asyncpg.Pool, *, per_account: bool = False) -> None:
+    """chatq_backlog and chatq_oldest_unfinished_age_seconds, from Postgres; with
+    METRICS_ACCOUNT_LABEL, chatq_account_backlog too."""
     stats = await operations.collect_stats(pool)
     for state, b in stats["backlog"].items():
         metrics.BACKLOG.labels(state=state).set(b["count"])
         metrics.OLDEST_UNFINISHED.labels(state=state).set(b["oldest_age_seconds"])
+    if per_account:
+        metrics.ACCOUNT_BACKLOG.clear()
+        for (platform, account), n in (await operations.account_numbers(pool)).items():
+            metrics.ACCOUNT_BACKLOG.labels(platform=platform, account=account).set(n["backlog"])
 
 
 @dataclass(frozen=True)
@@ -95,19 +103,27 @@ class ReceiverApps:
         metrics.create_known_series(
             "receiver", ["telegram", "avito", "generic", *(["sandbox"] if settings.sandbox_active else [])]
         )
+        await record_environment(pool, settings)
+        accounts = AccountRegistry.from_settings(pool, settings)
+        await accounts.start()
+        parts.closing("accounts", accounts)
         broker = parts.broker("chatq-receiver-relay")
         relay = None
         if settings.relay_enabled:
             relay = Relay.from_settings(pool, broker, settings, exchanges=[INBOUND_EXCHANGE])
             parts.run("outbox-relay", relay.run(), stop=relay.stop, wait=10)
-        parts.every(10, "backlog gauges", lambda: _refresh_backlog_gauges(pool))
+        parts.every(
+            10,
+            "backlog gauges",
+            lambda: _refresh_backlog_gauges(pool, per_account=settings.metrics_account_label),
+        )
         intake = IntakeBatcher(
             pool, window_seconds=settings.intake_batch_window_ms / 1000, max_rows=settings.intake_batch_rows
         )
         # Closed after the HTTP servers (declared later) and before the pool: what waits
         # is written.
         parts.closing("intake batches", intake)
-        runtime = Runtime(pool, broker, relay, intake)
+        runtime = Runtime(pool, broker, relay, accounts, intake)
         if settings.avito_poll_seconds > 0 and settings.avito_client_id and settings.avito_client_secret:
             http, runtime.recovery = _avito_recovery(settings, pool, relay)
             parts.closing("Avito poll client", http)
@@ -130,7 +146,7 @@ class ReceiverApps:
 def create_app(settings: Settings) -> ReceiverApps:
     """The composition root: every route and part, built from the settings."""
     webhooks = _webhook_routes(settings)
-    admin_routes = [operations.router, sandbox.router, pages.router]
+    admin_routes = [operations.router, accounts_api.router, sandbox.router, pages.router]
     if settings.admin_port is None:
         app = _app(settings, [*admin_routes, webhooks, health], admin=True)
         return ReceiverApps(settings, public=app, admin=None)
@@ -155,6 +171,7 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
         t for t in (_secret(settings.admin_token), _secret(settings.admin_token_previous)) if t
     ]
     app.state.sandbox_active = settings.sandbox_active
+    app.state.settings = settings
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
     install_error_handlers(app)
     for router in routers:
@@ -171,16 +188,33 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
 
 
 def _webhook_routes(settings: Settings) -> APIRouter:
+    """The webhooks: each account's own (Telegram ``/v1/webhooks/telegram/{bot id}`` with
+    its secret token, Avito ``/v1/webhooks/avito/{its path secret}``, generic
+    ``/v1/webhooks/generic/{account}`` signed with its secret), and the single paths of the
+    environment's account, as before. A delivery is stored under the account its path
+    authenticated and no other: a body naming another account is refused (403)."""
     generic_verifier = generic.verifier(_secret(settings.generic_webhook_secret))
     telegram_secret = _secret(settings.telegram_webhook_secret)
     avito_secret = _secret(settings.avito_webhook_secret)
     telegram_account = settings.telegram_account_id
     telegram_chat_types = settings.telegram_chat_type_set
     router = APIRouter()
+    seen: set[tuple[str, str]] = set()
+
+    def registry(request: Request) -> AccountRegistry:
+        runtime: Runtime = request.app.state.runtime
+        return runtime.accounts
 
     async def accept(request: Request, platform: str, intake: Intake) -> Stored:
+        account = registry(request).get(platform, intake.account_id)
+        if account is None and intake.chat_id is not None and (platform, intake.account_id) not in seen:
+            # The environment's account, named by its first message (Avito's user id).
+            await record_seen(request.app.state.pool, platform, intake.account_id)
+            seen.add((platform, intake.account_id))
+        takeover = account.override("takeover_seconds") if account is not None else None
+        hold = settings.takeover_seconds if takeover is None else takeover
         runtime: Runtime = request.app.state.runtime
-        stored = await runtime.intake.store(intake, hold_seconds=settings.takeover_seconds)
+        stored = await runtime.intake.store(intake, hold_seconds=hold)
         fault_point("receiver.after_commit")
         if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":
             runtime.relay.notify()
@@ -189,24 +223,59 @@ def _webhook_routes(settings: Settings) -> APIRouter:
             "duplicate" if stored.duplicate else ("ignored" if stored.status == "ignored" else "accepted")
         )
         metrics.WEBHOOKS.labels(platform=platform, outcome=outcome).inc()
+        if settings.metrics_account_label:
+            metrics.ACCOUNT_WEBHOOKS.labels(
+                platform=platform, account=intake.account_id, outcome=outcome
+            ).inc()
         return stored
 
-    @router.post("/v1/webhooks/telegram", openapi_extra=json_body(telegram.TelegramUpdate))
-    async def telegram_webhook(request: Request) -> JSONResponse:
+    def not_another_accounts(request: Request, platform: str, account_id: str) -> None:
+        """The environment's single path serves the environment's account(s) only: an
+        account added with its own credentials is reached on its own path."""
+        account = registry(request).get(platform, account_id)
+        if account is not None and account.source == "admin":
+            raise ApiError(
+                403,
+                "account_has_its_own_webhook",
+                f"{platform} account {account_id} has a webhook of its own",
+            )
+
+    async def telegram_update(request: Request, account_id: str) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("telegram"):
-            telegram.authenticate(telegram_secret, request.headers.get(telegram.SECRET_HEADER))
             data, raw = parse_json(await _json_body(request))
-            intake = telegram.normalise(data, raw, telegram_account, telegram_chat_types)
+            intake = telegram.normalise(data, raw, account_id, telegram_chat_types)
             stored = await accept(request, "telegram", intake)
         metrics.WEBHOOK_SECONDS.labels(platform="telegram").observe(time.perf_counter() - started)
         return JSONResponse(_ack(stored))
+
+    @router.post("/v1/webhooks/telegram", openapi_extra=json_body(telegram.TelegramUpdate))
+    async def telegram_webhook(request: Request) -> JSONResponse:
+        with _rejections("telegram"):
+            telegram.authenticate(telegram_secret, request.headers.get(telegram.SECRET_HEADER))
+            not_another_accounts(request, "telegram", telegram_account)
+        return await telegram_update(request, telegram_account)
+
+    @router.post("/v1/webhooks/telegram/{account_id}", openapi_extra=json_body(telegram.TelegramUpdate))
+    async def telegram_account_webhook(account_id: str, request: Request) -> JSONResponse:
+        with _rejections("telegram"):
+            account = registry(request).get("telegram", account_id)
+            if account is not None and account.owns_credentials:
+                expected = account.credentials.get("webhook_secret")
+            elif account_id == telegram_account and (account is None or not account.removed):
+                expected = telegram_secret  # the environment's bot, on its own path too
+            else:
+                raise ApiError(404, "account_not_found", f"no Telegram bot {account_id} here")
+            telegram.authenticate(expected, request.headers.get(telegram.SECRET_HEADER))
+        return await telegram_update(request, account_id)
 
     @router.post("/v1/webhooks/avito/{secret}", openapi_extra=json_body(avito.AvitoWebhook))
     async def avito_webhook(secret: str, request: Request) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("avito"):
-            avito.authenticate(avito_secret, secret)
+            account = registry(request).by_path_secret("avito", secret)
+            if account is None:
+                avito.authenticate(avito_secret, secret)
             # Any content type: Avito checks a subscription's URL with `curl -d '{}'` (form
             # content type, no payload) and wants a 200 within 2 s.
             data, raw = parse_json(await request.body())
@@ -214,23 +283,58 @@ def _webhook_routes(settings: Settings) -> APIRouter:
                 metrics.WEBHOOK_SECONDS.labels(platform="avito").observe(time.perf_counter() - started)
                 metrics.WEBHOOKS.labels(platform="avito", outcome="no_payload").inc()
                 return JSONResponse({"ok": True, "ignored": "no message payload: nothing to store"})
-            stored = await accept(request, "avito", avito.normalise(data, raw))
+            intake = avito.normalise(data, raw)
+            if account is None:
+                not_another_accounts(request, "avito", intake.account_id)
+            elif intake.account_id == "unknown":
+                intake = dataclasses.replace(intake, account_id=account.account_id)
+            elif intake.account_id != account.account_id:
+                raise ApiError(
+                    403,
+                    "wrong_account",
+                    f"this path is Avito account {account.account_id}'s; the body is for another account",
+                )
+            stored = await accept(request, "avito", intake)
         metrics.WEBHOOK_SECONDS.labels(platform="avito").observe(time.perf_counter() - started)
         return JSONResponse(_ack(stored))
 
-    @router.post("/v1/webhooks/generic", status_code=202, openapi_extra=json_body(generic.GenericMessage))
-    async def generic_webhook(request: Request) -> JSONResponse:
+    async def generic_message(request: Request, webhook: Any, account_id: str | None) -> JSONResponse:
         started = time.perf_counter()
         with _rejections("generic"):
             body = await request.body()
-            webhook_id = generic.authenticate(generic_verifier, body, dict(request.headers))
+            webhook_id = generic.authenticate(webhook, body, dict(request.headers))
             _require_json(request)
             data, raw = parse_json(body)
-            stored = await accept(request, "generic", generic.normalise(data, raw, webhook_id))
+            intake = generic.normalise(data, raw, webhook_id)
+            if account_id is None:
+                not_another_accounts(request, "generic", intake.account_id)
+            elif intake.account_id != account_id:
+                raise ApiError(
+                    403, "wrong_account", f"this path is account {account_id}'s; the body names another"
+                )
+            stored = await accept(request, "generic", intake)
         metrics.WEBHOOK_SECONDS.labels(platform="generic").observe(time.perf_counter() - started)
         doc = _ack(stored)
         doc["status_url"] = f"/v1/operations/{stored.operation_id}"
         return JSONResponse(doc, status_code=202)
+
+    @router.post("/v1/webhooks/generic", status_code=202, openapi_extra=json_body(generic.GenericMessage))
+    async def generic_webhook(request: Request) -> JSONResponse:
+        return await generic_message(request, generic_verifier, None)
+
+    @router.post(
+        "/v1/webhooks/generic/{account_id}", status_code=202, openapi_extra=json_body(generic.GenericMessage)
+    )
+    async def generic_account_webhook(account_id: str, request: Request) -> JSONResponse:
+        with _rejections("generic"):
+            account = registry(request).get("generic", account_id)
+            if account is None or not account.owns_credentials:
+                raise ApiError(
+                    404, "account_not_found", f"no generic account {account_id} with its own secret"
+                )
+        return await generic_message(
+            request, generic.verifier(account.credentials.get("webhook_secret")), account_id
+        )
 
     return router
 

@@ -351,34 +351,133 @@ async def resume_chat(chat: str, request: Request) -> dict[str, Any]:
     return {"chat": chat, "held": False}
 
 
+def parse_account(account: str | None) -> tuple[str | None, str | None]:
+    """``platform:account_id`` (as ``chatq`` and the ops page write it) -> its two parts."""
+    if account is None or not account.strip():
+        return None, None
+    platform, sep, account_id = account.strip().partition(":")
+    if not sep or platform not in ("telegram", "avito", "generic", "sandbox") or not account_id:
+        raise ApiError(400, "bad_account", "account is PLATFORM:ACCOUNT_ID, e.g. avito:123456")
+    return platform, account_id
+
+
 @router.get("/v1/stats")
-async def stats(request: Request) -> dict[str, Any]:
+async def stats(request: Request, account: str | None = None, accounts: int = 20) -> dict[str, Any]:
+    """The seller's numbers: the whole deployment's, or one account's (``account=avito:42``);
+    with each account's four numbers and state (the ``accounts`` busiest by backlog)."""
     require_admin(request)
-    return await collect_stats(request.app.state.pool)
+    if not 0 <= accounts <= 1000:
+        raise ApiError(400, "bad_accounts", "accounts is between 0 and 1000")
+    platform, account_id = parse_account(account)
+    doc = await collect_stats(request.app.state.pool, platform, account_id)
+    numbers = await account_numbers(request.app.state.pool, platform, account_id)
+    ranked = sorted(numbers.values(), key=lambda n: (-n["backlog"], n["platform"], n["account_id"]))
+    doc["accounts"] = ranked[:accounts]
+    doc["accounts_total"] = len(numbers)
+    if account is not None:
+        doc["account"] = f"{platform}:{account_id}"
+    return doc
 
 
-async def collect_stats(pool: asyncpg.Pool) -> dict[str, Any]:
+async def account_numbers(
+    pool: asyncpg.Pool, platform: str | None = None, account_id: str | None = None
+) -> dict[tuple[str, str], dict[str, Any]]:
+    """Each account's four numbers (backlog, receipt-to-reply over 24 h, failed share,
+    retries) and state: every account the table knows, and any with messages."""
+    rows = await pool.fetch(
+        """
+        WITH f AS (SELECT $1::text AS platform, $2::text AS account_id),
+        backlog AS (
+            SELECT o.platform, o.account_id, count(*) AS n,
+                   extract(epoch FROM now() - min(o.received_at))::float8 AS oldest
+            FROM operations o, f
+            WHERE o.status = ANY($3::text[]) AND (f.platform IS NULL OR o.platform = f.platform)
+              AND (f.account_id IS NULL OR o.account_id = f.account_id)
+            GROUP BY 1, 2
+        ), day AS (
+            SELECT o.platform, o.account_id,
+                   count(*) FILTER (WHERE e.kind IN ('replied', 'answered_by_seller')) AS answered,
+                   count(*) FILTER (WHERE e.kind IN ('failed', 'needs_review')) AS failed,
+                   count(DISTINCT (e.job_id, e.detail)) FILTER (WHERE e.kind = 'retry_scheduled')
+                     + count(*) FILTER (WHERE e.kind = 'retried') AS retries,
+                   percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - o.received_at))
+                     FILTER (WHERE e.kind = 'replied') AS p50,
+                   percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - o.received_at))
+                     FILTER (WHERE e.kind = 'replied') AS p95
+            FROM operation_events e JOIN operations o ON o.id = e.operation_id, f
+            WHERE e.at > now() - interval '24 hours' AND (f.platform IS NULL OR o.platform = f.platform)
+              AND (f.account_id IS NULL OR o.account_id = f.account_id)
+            GROUP BY 1, 2
+        ), known AS (
+            SELECT a.platform, a.account_id, a.name, a.state, a.state_reason, a.removed_at FROM accounts a, f
+            WHERE (f.platform IS NULL OR a.platform = f.platform) AND (f.account_id IS NULL OR a.account_id = f.account_id)
+        ), ids AS (
+            SELECT platform, account_id FROM known UNION SELECT platform, account_id FROM backlog
+            UNION SELECT platform, account_id FROM day
+        )
+        SELECT ids.platform, ids.account_id, k.name, coalesce(k.state, 'active') AS state, k.state_reason,
+               k.removed_at IS NOT NULL AS removed, coalesce(b.n, 0) AS backlog, coalesce(b.oldest, 0) AS oldest,
+               coalesce(d.answered, 0) AS answered, coalesce(d.failed, 0) AS failed,
+               coalesce(d.retries, 0) AS retries, d.p50, d.p95
+        FROM ids LEFT JOIN known k USING (platform, account_id) LEFT JOIN backlog b USING (platform, account_id)
+        LEFT JOIN day d USING (platform, account_id)
+        """,
+        platform,
+        account_id,
+        list(UNFINISHED),
+    )
+    numbers = {}
+    for r in rows:
+        finished = r["answered"] + r["failed"]
+        numbers[(r["platform"], r["account_id"])] = {
+            "platform": r["platform"],
+            "account_id": r["account_id"],
+            "name": r["name"],
+            "state": "removed" if r["removed"] else r["state"],
+            "reason": r["state_reason"],
+            "backlog": r["backlog"],
+            "oldest_unfinished_age_seconds": round(r["oldest"], 3),
+            "receipt_to_reply_p50_seconds": round(r["p50"], 3) if r["p50"] is not None else None,
+            "receipt_to_reply_p95_seconds": round(r["p95"], 3) if r["p95"] is not None else None,
+            "failed_share": round(r["failed"] / finished, 4) if finished else 0.0,
+            "retries": r["retries"],
+        }
+    return numbers
+
+
+async def collect_stats(
+    pool: asyncpg.Pool, platform: str | None = None, account_id: str | None = None
+) -> dict[str, Any]:
+    # Without an account: the whole deployment. With one: its operations only.
+    scope = "($2::text IS NULL OR {o}.platform = $2) AND ($3::text IS NULL OR {o}.account_id = $3)"
     # A message waiting in a chat the seller holds is not late: the bot steps back on
     # purpose for up to TAKEOVER_SECONDS. It is counted apart ("held"), out of the Backlog
     # and its Oldest unfinished, so a long hold never pages anyone.
     backlog = {s: {"count": 0, "oldest_age_seconds": 0.0} for s in (*UNFINISHED, *ACTIONABLE, "held")}
     for r in await pool.fetch(
-        """
+        f"""
         SELECT CASE WHEN o.status = 'waiting' AND EXISTS (
                     SELECT 1 FROM chats c
                     WHERE c.chat_key = chatq_chat_key(o.platform, o.account_id, o.chat_id)
                       AND c.held_until > now())
                THEN 'held' ELSE o.status END AS status,
                count(*) AS n, extract(epoch FROM now() - min(o.received_at))::float8 AS oldest
-        FROM operations o WHERE o.status = ANY($1::text[]) GROUP BY 1
+        FROM operations o WHERE o.status = ANY($1::text[]) AND {scope.format(o="o")} GROUP BY 1
         """,
         [*UNFINISHED, *ACTIONABLE],
+        platform,
+        account_id,
     ):
         backlog[r["status"]] = {"count": r["n"], "oldest_age_seconds": round(r["oldest"], 3)}
     # Counted from the event record by when each event happened: a failure resolved later
     # still failed today, an ignored message was never "received" for the bot.
+    events = (
+        "operation_events e"
+        if platform is None
+        else f"operation_events e JOIN operations o ON o.id = e.operation_id AND {scope.format(o='o')}"
+    )
     day = await pool.fetchrow(
-        """
+        f"""
         SELECT count(*) FILTER (WHERE kind = 'received') AS received,
                count(*) FILTER (WHERE kind = 'ignored') AS ignored,
                count(*) FILTER (WHERE kind = 'duplicate') AS duplicates,
@@ -387,18 +486,24 @@ async def collect_stats(pool: asyncpg.Pool) -> dict[str, Any]:
                count(*) FILTER (WHERE kind = 'failed') AS failed,
                count(*) FILTER (WHERE kind = 'needs_review') AS needs_review,
                count(*) FILTER (WHERE kind = 'resolved') AS resolved,
-               count(DISTINCT (job_id, detail)) FILTER (WHERE kind = 'retry_scheduled') AS automatic_retries,
+               count(DISTINCT (e.job_id, detail)) FILTER (WHERE kind = 'retry_scheduled') AS automatic_retries,
                count(*) FILTER (WHERE kind = 'retried') AS person_retries
-        FROM operation_events WHERE at > now() - interval '24 hours'
-        """
+        FROM {events} WHERE e.at > now() - interval '24 hours' AND $1::int IS NOT NULL
+        """,
+        1,
+        *((platform, account_id) if platform is not None else ()),
     )
     percentiles = await pool.fetchrow(
-        """
+        f"""
         SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - o.received_at)),
                percentile_cont(0.95) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - o.received_at))
         FROM operation_events e JOIN operations o ON o.id = e.operation_id
-        WHERE e.kind = 'replied' AND e.at > now() - interval '24 hours'
-        """
+        WHERE e.kind = 'replied' AND e.at > now() - interval '24 hours' AND $1::int IS NOT NULL
+          AND {scope.format(o="o")}
+        """,
+        1,
+        platform,
+        account_id,
     )
     day, (p50, p95) = one(day), one(percentiles)
     accounts = [
@@ -410,6 +515,7 @@ async def collect_stats(pool: asyncpg.Pool) -> dict[str, Any]:
             "since": _iso(r["state_since"]),
         }
         for r in await account_state.paused(pool)
+        if platform is None or (r["platform"], r["account_id"]) == (platform, account_id)
     ]
     finished = day["replied"] + day["answered_by_seller"] + day["failed"] + day["needs_review"]
     unfinished = [b for s, b in backlog.items() if s in UNFINISHED and b["count"]]

@@ -10,6 +10,7 @@ import asyncpg
 import httpx
 
 from shared import metrics
+from shared.accounts import AccountRegistry
 from shared.alerts import Alerter
 from shared.broker.consumer import Consumer, RetryTiers
 from shared.broker.dead_letters import DeadLetterRecorder
@@ -19,57 +20,21 @@ from shared.ops_http import consumer_readiness, ops_server
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
 
+from .accounts import AccountPlatforms, AccountWriters, build_environment_platforms, build_writer
 from .handler import Responder
 from .http import PlatformHttp
 from .idempotency import JobStore
 from .listings import Listings
-from .llm import FactsWriter, OpenAIWriter, ReplyWriter, facts_text
-from .platforms.avito import AvitoPlatform, AvitoToken
 from .platforms.base import HttpClient, Platform
-from .platforms.generic import GenericPlatform
-from .platforms.sandbox import SandboxPlatform
-from .platforms.telegram import TelegramPlatform
 from .ratelimit import AccountRateLimiter
 
 logger = logging.getLogger(__name__)
 
 
 def build_platforms(settings: Settings, client: HttpClient, pool: asyncpg.Pool) -> dict[str, Platform]:
-    """Every platform whose reply credentials are configured, and the sandbox."""
+    """Every platform whose reply credentials the environment configures, and the sandbox."""
     limiter = AccountRateLimiter(settings.platform_rate_per_second)
-    platforms: dict[str, Platform] = {}
-    if settings.sandbox_active:
-        platforms["sandbox"] = SandboxPlatform(pool)
-    if settings.telegram_bot_token is not None:
-        platforms["telegram"] = TelegramPlatform(
-            settings.telegram_api_base, settings.telegram_bot_token.get_secret_value(), client, limiter
-        )
-    if settings.avito_client_id and settings.avito_client_secret is not None:
-        token = AvitoToken(
-            settings.avito_api_base,
-            settings.avito_client_id,
-            settings.avito_client_secret.get_secret_value(),
-            client,
-            pool,
-        )
-        platforms["avito"] = AvitoPlatform(settings.avito_api_base, token, client, limiter)
-    if settings.generic_reply_url:
-        secret = settings.generic_reply_secret.get_secret_value() if settings.generic_reply_secret else None
-        platforms["generic"] = GenericPlatform(settings.generic_reply_url, secret, client, limiter)
-    return platforms
-
-
-def build_writer(settings: Settings) -> ReplyWriter:
-    facts = facts_text(settings.facts_file)
-    if settings.llm_base_url:
-        return OpenAIWriter(
-            settings.llm_base_url,
-            settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
-            settings.llm_model,
-            settings.llm_timeout_seconds,
-            facts,
-        )
-    return FactsWriter(facts)
+    return build_environment_platforms(settings, client, pool, limiter)
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> int:
@@ -103,9 +68,16 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         "platform client", PlatformHttp(timeout, max_connections=settings.responder_concurrency * 2)
     )
     client = parts.closing("alert client", httpx.AsyncClient(timeout=timeout))
-    platforms = build_platforms(settings, platform_http, pool)
-    metrics.create_known_series("responder", platforms)
-    writer = parts.closing("reply writer", build_writer(settings))
+    registry = AccountRegistry.from_settings(pool, settings)
+    await registry.start()
+    parts.closing("accounts", registry)
+    limiter = AccountRateLimiter(settings.platform_rate_per_second)
+    environment = build_environment_platforms(settings, platform_http, pool, limiter)
+    platforms = parts.closing(
+        "account platforms", AccountPlatforms(settings, platform_http, pool, registry, environment, limiter)
+    )
+    metrics.create_known_series("responder", platforms.names())
+    writer = parts.closing("reply writer", AccountWriters(settings, registry, build_writer(settings)))
     responder = Responder(
         JobStore(pool, history=settings.history_messages, caps=settings.job_caps()),
         platforms,
@@ -119,6 +91,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         review_owner=settings.review_owner,
         account_probe_seconds=settings.account_probe_seconds,
         greeting=settings.greeting,
+        account_metrics=settings.metrics_account_label,
         listings=Listings(pool, platforms),
     )
     consumer = Consumer(
@@ -149,7 +122,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     parts.run("consumer", consumer.run(), stop=lambda: consumer.stop(drain_seconds=grace))
     logger.info(
         "responder running: platforms %s, writer %s, %d job(s) in flight at most",
-        ", ".join(sorted(platforms)) or "none",
-        type(writer).__name__,
+        ", ".join(platforms.names()) or "none",
+        type(writer.default).__name__,
         settings.responder_concurrency,
     )

@@ -18,6 +18,7 @@ from aio_pika.abc import AbstractIncomingMessage
 from prometheus_client import Counter
 from pydantic import ValidationError
 
+from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.consumer import Reject, RetryLater
 from shared.faults import fault_point
@@ -26,6 +27,7 @@ from shared.retry import attempt_of
 from shared.settings import DEFAULT_GREETING
 from shared.state.job import DeliveryStatus
 
+from .accounts import AccountPlatforms, AccountWriters, FixedPlatforms, Unserved
 from .failures import Failure, Kind
 from .idempotency import Job, JobBusy, JobWithdrawn, Part, Reconcile, Skip
 from .listings import Listings
@@ -70,19 +72,24 @@ class Responder:
     def __init__(
         self,
         store: JobStorage,
-        platforms: Mapping[str, Platform],
-        writer: ReplyWriter,
+        platforms: Mapping[str, Platform] | AccountPlatforms | FixedPlatforms,
+        writer: ReplyWriter | AccountWriters,
         alerter: Alerter,
         *,
         fold_max_rounds: int = 2,
         review_owner: str = "on-call",
         account_probe_seconds: float = 60.0,
         greeting: str = DEFAULT_GREETING,
+        account_metrics: bool = False,
         listings: Listings | None = None,
     ) -> None:
+        self._account_metrics = account_metrics
         self._store = store
-        self._platforms = platforms
-        self._writer = writer
+        # Each account's own adapter and writer (services/responder/accounts.py); a plain
+        # mapping or writer serves every account alike.
+        self._platforms = FixedPlatforms(platforms) if isinstance(platforms, Mapping) else platforms
+        self._writers = writer if isinstance(writer, AccountWriters) else None
+        self._writer: ReplyWriter = writer.default if isinstance(writer, AccountWriters) else writer
         self._alerter = alerter
         self._fold_max_rounds = fold_max_rounds
         self._owner = review_owner
@@ -118,7 +125,11 @@ class Responder:
             )
             return
         job = state.job if isinstance(state, Reconcile) else state
-        platform = self._platforms.get(job.platform)
+        try:
+            platform = self._platforms.for_account(job.platform, job.account_id)
+        except Unserved as unserved:
+            await self._give_up(db, job.job_id, "permanent", str(unserved))
+            raise Reject(str(unserved)) from None
         if platform is None:
             await self._give_up(db, job.job_id, "permanent", f"{job.platform} replies are not configured")
             raise Reject(f"{job.platform} replies are not configured in this responder")
@@ -182,6 +193,8 @@ class Responder:
         fault_point("responder.after_send")
         await db.record_sent(job, text, last)
         fault_point("responder.after_record")
+        if self._account_metrics:
+            metrics.ACCOUNT_REPLIES.labels(platform=job.platform, account=job.account_id).inc()
         await self._mark_read(job, platform)
         logger.info(
             "job %s replied in %s with %d message(s) in %d part(s) (attempt %d)",
@@ -226,7 +239,8 @@ class Responder:
         history, batch = for_the_writer(job)
         if not batch:
             return self._greeting
-        return await self._writer.write(history, batch, listing)
+        writer = self._writers.for_account(job.platform, job.account_id) if self._writers else self._writer
+        return await writer.write(history, batch, listing)
 
     async def _mark_read(self, job: Job, platform: Platform) -> None:
         """Mark the answered chat read in the seller's app (Avito), best effort: the reply
@@ -409,9 +423,14 @@ class Responder:
         the ones it accepts (their jobs go on at their next turn). One replica at a time.
         Returns how many were resumed."""
         resumed = 0
-        async with self._store.accounts_to_probe(sorted(self._platforms)) as due:
+        async with self._store.accounts_to_probe(self._platforms.names()) as due:
             for account in due:
-                platform = self._platforms[account["platform"]]
+                try:
+                    platform = self._platforms.for_account(account["platform"], account["account_id"])
+                except Unserved:
+                    platform = None
+                if platform is None:
+                    continue
                 try:
                     await platform.probe(account["account_id"])
                 except Failure as failure:

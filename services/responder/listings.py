@@ -13,6 +13,7 @@ from collections.abc import Mapping
 import asyncpg
 from prometheus_client import Counter
 
+from .accounts import AccountPlatforms, FixedPlatforms, Unserved
 from .failures import Failure
 from .platforms.base import ChatManners, Listing, Platform
 
@@ -40,17 +41,21 @@ class Listings:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        platforms: Mapping[str, Platform],
+        platforms: Mapping[str, Platform] | AccountPlatforms | FixedPlatforms,
         *,
         ttl_seconds: float = LISTING_TTL_SECONDS,
     ) -> None:
         self._pool = pool
-        self._platforms = platforms
+        # The account's own adapter (services/responder/accounts.py).
+        self._platforms = FixedPlatforms(platforms) if isinstance(platforms, Mapping) else platforms
         self._ttl = ttl_seconds
 
     async def of(self, platform_name: str, account_id: str, chat_id: str, chat_key: str) -> Listing | None:
         """The chat's listing: cached while fresh, else asked of the platform (and cached)."""
-        platform = self._platforms.get(platform_name)
+        try:
+            platform = self._platforms.for_account(platform_name, account_id)
+        except Unserved:
+            return None
         if not isinstance(platform, ChatManners):
             return None
         row = await self._pool.fetchrow(_READ, chat_key, self._ttl)

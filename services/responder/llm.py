@@ -62,12 +62,24 @@ def buyer_language(texts: Sequence[str]) -> str:
 
 
 class OpenAIWriter:
-    def __init__(self, base_url: str, api_key: str | None, model: str, timeout: float, facts: str) -> None:
+    def __init__(
+        self,
+        base_url: str,
+        api_key: str | None,
+        model: str,
+        timeout: float,
+        facts: str,
+        prompt: str = SYSTEM_PROMPT,
+    ) -> None:
         self._client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
         )
         self._model = model
-        self._system = SYSTEM_PROMPT.format(facts=facts or "(none given)")
+        # An account's own prompt names where its facts go with {facts}, or gets them after it.
+        facts = facts or "(none given)"
+        self._system = (
+            prompt.replace("{facts}", facts) if "{facts}" in prompt else f"{prompt}\n\nFacts:\n{facts}"
+        )
 
     async def write(
         self, history: Sequence[Turn], batch: Sequence[str], listing: Listing | None = None

@@ -24,6 +24,14 @@ class AccountRateLimiter:
         self._updated: dict[str, float] = {}
         self._paused_until: dict[str, float] = {}
         self._locks: dict[str, asyncio.Lock] = {}
+        self._rates: dict[str, float] = {}
+
+    def set_rate(self, key: str, rate_per_second: float | None) -> None:
+        """An account's own pace (its PACING override); None: the global one."""
+        if rate_per_second is None:
+            self._rates.pop(key, None)
+        else:
+            self._rates[key] = rate_per_second
 
     def delay(self, key: str) -> float:
         """Seconds until a send on ``key`` may go (0: now). Takes a token when 0."""
@@ -31,15 +39,15 @@ class AccountRateLimiter:
         pause = self._paused_until.get(key, 0.0) - now
         if pause > 0:
             return pause
-        tokens = min(
-            self._burst, self._tokens.get(key, self._burst) + (now - self._updated.get(key, now)) * self._rate
-        )
+        rate = self._rates.get(key, self._rate)
+        burst = max(1.0, rate) if key in self._rates else self._burst
+        tokens = min(burst, self._tokens.get(key, burst) + (now - self._updated.get(key, now)) * rate)
         self._updated[key] = now
         if tokens >= 1:
             self._tokens[key] = tokens - 1
             return 0.0
         self._tokens[key] = tokens
-        return (1 - tokens) / self._rate
+        return (1 - tokens) / rate
 
     async def acquire(self, key: str) -> None:
         lock = self._locks.setdefault(key, asyncio.Lock())

@@ -11,6 +11,17 @@ RabbitMQ lets a queue's own x-dead-letter-exchange win over a policy's (and take
 lower of two TTLs), so a policy there would be inert. What an operator may want to tune
 on a running cluster without redeclaring queues is a policy in definitions.json
 (``POLICIES``): leader placement of the quorum queues and how long dead letters are kept.
+
+On a cluster (README "Running against a RabbitMQ cluster"): each quorum queue gets
+``QUORUM_REPLICAS`` replicas, RabbitMQ's own default (``quorum_cluster_size``), capped at
+the number of nodes, so one node keeps working with one replica and three nodes keep a
+message confirmed to us through the loss of any one. Neither the replica count
+(``x-quorum-initial-group-size``) nor the leader placement (``x-queue-leader-locator``)
+is a queue argument: RabbitMQ compares both when a queue is declared again (measured on
+3.10: PRECONDITION_FAILED, "inequivalent arg"), so adding one would stop every service
+on a broker whose queues were declared without it. Leader placement is the policy below
+and ``queue_leader_locator`` in deploy/rabbitmq/rabbitmq.conf; the delivery limit, which
+matters on a cluster as anywhere (a redelivery after a lost node counts), is an argument.
 """
 
 from __future__ import annotations
@@ -36,6 +47,13 @@ RESPONDER_DEAD_QUEUE = "chatq.responder.dead"
 
 JOB_ROUTING_KEY = "reply"
 DEFAULT_RETRY_DELAYS: tuple[float, ...] = (1, 10, 60, 300)
+
+#: Replicas of each quorum queue: RabbitMQ's default initial group size, at most the
+#: number of nodes. Not declared (see the module's docstring); the cluster tests check it.
+QUORUM_REPLICAS = 3
+#: Queue arguments RabbitMQ compares on redeclaration that the topology must never add:
+#: an existing deployment's queues were declared without them.
+NOT_QUEUE_ARGUMENTS = ("x-quorum-initial-group-size", "x-queue-leader-locator")
 
 COALESCER_DELIVERY_LIMIT = 10
 RESPONDER_DELIVERY_LIMIT = 5

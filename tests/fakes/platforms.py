@@ -143,6 +143,11 @@ class FakeWorld:
     alerts: list[dict[str, Any]] = field(default_factory=list)
     avito_tokens: set[str] = field(default_factory=set)
     avito_token_requests: int = 0
+    #: The client id each access token was issued to.
+    avito_token_clients: dict[str, str] = field(default_factory=dict)
+    #: user_id -> the client id whose tokens may use that account's Messenger API (unset:
+    #: any token may, as with one account); another client's token gets 403, as on Avito.
+    avito_accounts: dict[str, str] = field(default_factory=dict)
     #: False: the Avito account has no paid Messenger plan; every Messenger call is 403.
     avito_messenger_plan: bool = True
     #: The Avito account's webhook subscriptions (URLs), in the order they were made.
@@ -372,7 +377,12 @@ def _ok(result: Any, description: str | None = None) -> JSONResponse:
 
 async def _telegram_send(world: FakeWorld, token: str, params: dict[str, Any], b: str | None) -> JSONResponse:
     message_id = next(world.ids)
-    sent = {"chat_id": params["chat_id"], "text": params["text"], "message_id": message_id}
+    sent = {
+        "chat_id": params["chat_id"],
+        "text": params["text"],
+        "message_id": message_id,
+        "bot": world.telegram_bot(token).user["id"],
+    }
     connection = params.get("business_connection_id")
     if connection is not None:
         sent["business_connection_id"] = connection
@@ -579,6 +589,7 @@ async def _avito_token(world: FakeWorld, check: AvitoCheck, b: str | None) -> Re
     world.avito_token_requests += 1
     token = f"tok-{world.avito_token_requests}"
     world.avito_tokens.add(token)
+    world.avito_token_clients[token] = str(body.get("client_id"))
     return JSONResponse({"access_token": token, "expires_in": 86400, "token_type": "Bearer"})
 
 
@@ -772,6 +783,10 @@ def _avito_routes(app: FastAPI, world: FakeWorld) -> None:
                 return avito_error(403)
             if not world.avito_messenger_plan:
                 # The account has no paid Messenger plan: Avito refuses the Messenger API.
+                return avito_error(403)
+            owner = world.avito_accounts.get(str(check.path_params.get("user_id")))
+            if owner is not None and world.avito_token_clients.get(auth[7:]) != owner:
+                # Another account's token: Avito refuses it.
                 return avito_error(403)
         target, handler = implemented
         b, early = await _before(world, target) if target else (None, None)

@@ -93,6 +93,7 @@ async def drive_the_responders_adapters(world: FakeWorld, client: httpx.AsyncCli
         "text": "as the business",
         "message_id": world.telegram[-1]["message_id"],
         "business_connection_id": "biz-conn-1",
+        "bot": 4242,  # the fake records which bot sent it
     }
     world.fail("telegram.send", "403", "429:1")
     for key in ("job-4", "job-5"):

@@ -426,7 +426,59 @@ PROMETHEUS_RULE_SCHEMA = _crd_schema(
         },
     },
 )
+RABBITMQ_CLUSTER_SCHEMA = _crd_schema(
+    "rabbitmq.com/v1beta1",
+    "RabbitmqCluster",
+    # The RabbitMQ Cluster Operator's CRD (v1beta1), the fields a manifest sets.
+    {
+        "type": "object",
+        "additionalProperties": False,
+        "properties": {
+            "replicas": {"type": "integer", "minimum": 0},
+            "image": {"type": "string"},
+            "imagePullSecrets": {"type": "array"},
+            "service": {"type": "object"},
+            "persistence": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "storageClassName": {"type": "string"},
+                    "storage": {"type": ["string", "integer"]},
+                },
+            },
+            "resources": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {"limits": {"type": "object"}, "requests": {"type": "object"}},
+            },
+            "affinity": {"type": "object"},
+            "tolerations": {"type": "array"},
+            "rabbitmq": {
+                "type": "object",
+                "additionalProperties": False,
+                "properties": {
+                    "additionalConfig": {"type": "string", "maxLength": 2000},
+                    "advancedConfig": {"type": "string", "maxLength": 100000},
+                    "envConfig": {"type": "string", "maxLength": 100000},
+                    "erlangInetConfig": {"type": "string", "maxLength": 2000},
+                    "additionalPlugins": {
+                        "type": "array",
+                        "maxItems": 100,
+                        "items": {"type": "string", "pattern": "^\\w+$"},
+                    },
+                },
+            },
+            "tls": {"type": "object"},
+            "override": {"type": "object"},
+            "skipPostDeploySteps": {"type": "boolean"},
+            "terminationGracePeriodSeconds": {"type": "integer", "minimum": 0},
+            "delayStartSeconds": {"type": "integer", "minimum": 0},
+            "secretBackend": {"type": "object"},
+        },
+    },
+)
 CUSTOM_SCHEMAS = {
+    ("rabbitmq.com/v1beta1", "RabbitmqCluster"): RABBITMQ_CLUSTER_SCHEMA,
     ("keda.sh/v1alpha1", "ScaledObject"): SCALED_OBJECT_SCHEMA,
     ("keda.sh/v1alpha1", "TriggerAuthentication"): TRIGGER_AUTHENTICATION_SCHEMA,
     ("monitoring.coreos.com/v1", "PodMonitor"): POD_MONITOR_SCHEMA,

@@ -12,6 +12,7 @@ import shutil
 import subprocess
 import sys
 from pathlib import Path
+from urllib.parse import urlsplit
 
 import pytest
 import yaml
@@ -67,7 +68,7 @@ def compose() -> dict:
 # ---- compose ---------------------------------------------------------------------------
 
 
-@pytest.mark.parametrize("path", ["compose.yaml", "compose.dev.yaml"])
+@pytest.mark.parametrize("path", ["compose.yaml", "compose.dev.yaml", "compose.cluster.yaml"])
 def test_the_compose_files_validate_against_the_compose_specification(path: str) -> None:
     out = subprocess.run(
         [
@@ -193,6 +194,136 @@ def test_rabbitmq_loads_the_generated_topology_and_its_user_at_boot() -> None:
         assert not pattern.match("amq.topic") and not pattern.match("other.queue"), what
 
 
+# ---- a three-node RabbitMQ cluster ----------------------------------------------------
+
+CLUSTER_COMPOSE = DEPLOY / "compose.cluster.yaml"
+RABBITMQ_K8S = DEPLOY / "k8s" / "rabbitmq"
+
+
+def merged_compose(*paths: Path) -> dict:
+    """compose files merged as `docker compose -f a -f b` does: mappings key by key,
+    configs and volumes of a service by target, other sequences replaced."""
+
+    def merge(base: object, extra: object, key: str = "") -> object:
+        if isinstance(base, dict) and isinstance(extra, dict):
+            out = dict(base)
+            for k, v in extra.items():
+                out[k] = merge(base[k], v, k) if k in base else v
+            return out
+        if key in ("configs", "volumes") and isinstance(base, list) and isinstance(extra, list):
+
+            def target(item: object) -> str:
+                return item["target"] if isinstance(item, dict) else str(item).split(":")[1]
+
+            by_target = {target(i): i for i in base}
+            by_target.update({target(i): i for i in extra})
+            return list(by_target.values())
+        return extra
+
+    doc: dict = {}
+    for path in paths:
+        doc = merge(doc, yaml.safe_load(path.read_text()))  # type: ignore[assignment]
+    return doc
+
+
+def substituted(text: str, values: dict[str, str]) -> str:
+    """${NAME}, ${NAME:?message} and $$ as compose interpolates them."""
+    text = re.sub(r"\$\{([A-Z_]+)(?::\?[^}]*)?\}", lambda m: values[m.group(1)], text)
+    return text.replace("$$", "$")
+
+
+def test_the_cluster_override_runs_three_rabbitmq_nodes_that_find_each_other_with_one_cookie() -> None:
+    stack = merged_compose(COMPOSE, CLUSTER_COMPOSE)
+    services = stack["services"]
+    nodes = {n: svc for n, svc in services.items() if n.startswith("rabbitmq") and "hostname" in svc}
+    assert len(nodes) == 3
+    hostnames = {svc["hostname"] for svc in nodes.values()}
+    assert len(hostnames) == 3
+    data = [v for svc in nodes.values() for v in svc["volumes"] if v.endswith(":/var/lib/rabbitmq")]
+    assert len(set(data)) == 3, "each node keeps its own data"
+    conf = (DEPLOY / "rabbitmq" / "cluster.conf").read_text()
+    listed = set(re.findall(r"classic_config\.nodes\.\d+ = (\S+)", conf))
+    assert listed == {f"rabbit@{h}" for h in hostnames}
+    base_image = compose()["services"]["rabbitmq"]["image"]
+    cookies = set()
+    for name, svc in nodes.items():
+        assert svc["image"] == base_image, f"{name} runs another RabbitMQ than the tested one"
+        targets = {c["target"] for c in svc["configs"]}
+        assert "/etc/rabbitmq/conf.d/20-cluster.conf" in targets
+        assert "/etc/rabbitmq/definitions.d/10-topology.json" in targets
+        cookies.add(svc["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"])
+        assert (
+            svc["environment"]["RABBITMQ_CTL_ERL_ARGS"]
+            == svc["environment"]["RABBITMQ_SERVER_ADDITIONAL_ERL_ARGS"]
+        )
+        assert svc["healthcheck"]["test"]
+    assert len(cookies) == 1 and "${RABBITMQ_ERLANG_COOKIE:?" in cookies.pop()
+    assert "RABBITMQ_ERLANG_COOKIE=" in (DEPLOY / ".env.example").read_text()
+    # Queues created before every node joined get their missing replicas before any
+    # service starts.
+    init = services["rabbitmq-cluster-init"]
+    assert {n: d["condition"] for n, d in init["depends_on"].items()} == dict.fromkeys(
+        nodes, "service_healthy"
+    )
+    script = init["command"][0]
+    assert "await_online_nodes 3" in script
+    assert "rabbitmq-queues" in script and "grow" in script
+    assert all(h in script for h in hostnames)
+
+
+def test_with_the_cluster_override_every_service_knows_all_three_nodes_and_waits_for_the_cluster() -> None:
+    stack = merged_compose(COMPOSE, CLUSTER_COMPOSE)
+    services = stack["services"]
+    hostnames = {
+        svc["hostname"] for n, svc in services.items() if n.startswith("rabbitmq") and "hostname" in svc
+    }
+    values = {"RABBITMQ_USER": "chatq", "RABBITMQ_PASSWORD": "Hs8dJ3kq0PzX5nVbW2", "CHATQ_DB_PASSWORD": "x"}
+    for name in ("migrate", "receiver", "coalescer", "responder"):
+        env = services[name]["environment"]
+        url = substituted(env["CHATQ_AMQP_URL"], values)
+        settings = Settings(
+            env="production", amqp_url=url, database_url="postgresql://chatq:Qm3xT9vLp2Rk8sWz@pg/db"
+        )
+        urls = settings.amqp_urls()
+        assert {urlsplit(u).hostname for u in urls} == hostnames, name
+        assert all(urlsplit(u).username == "chatq" for u in urls)
+        if name != "migrate":
+            deps = services[name]["depends_on"]
+            assert deps["rabbitmq-cluster-init"]["condition"] == "service_completed_successfully"
+            assert deps["migrate"]["condition"] == "service_completed_successfully", (
+                "the base file's wait stays"
+            )
+
+
+def test_the_rabbitmq_cluster_operator_manifest_runs_three_tested_nodes_apart_one_down_at_a_time() -> None:
+    docs = kustomize(RABBITMQ_K8S)
+    for doc in docs:
+        validate_object(doc, KUBERNETES_VERSION)
+    (cluster,) = [d for d in docs if d["kind"] == "RabbitmqCluster"]
+    (budget,) = [d for d in docs if d["kind"] == "PodDisruptionBudget"]
+    spec = cluster["spec"]
+    assert spec["replicas"] == 3
+    compose_version = compose()["services"]["rabbitmq"]["image"].split(":")[1].split("-")[0]
+    assert spec["image"].split(":")[1].split("-")[0] == compose_version, "the tested RabbitMQ line"
+    # The operator labels its pods app.kubernetes.io/name: <cluster name>.
+    pods = {"app.kubernetes.io/name": cluster["metadata"]["name"]}
+    anti = spec["affinity"]["podAntiAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"][0]
+    assert anti["labelSelector"]["matchLabels"] == pods and anti["topologyKey"] == "kubernetes.io/hostname"
+    assert budget["spec"]["selector"]["matchLabels"] == pods and budget["spec"]["maxUnavailable"] == 1
+    # The broker settings compose uses, the same values.
+    ours = {}
+    for path in (DEPLOY / "rabbitmq" / "rabbitmq.conf", DEPLOY / "rabbitmq" / "cluster.conf"):
+        for line in path.read_text().splitlines():
+            if "=" in line and not line.startswith("#"):
+                key, value = (p.strip() for p in line.split("=", 1))
+                ours[key] = value
+    for line in spec["rabbitmq"]["additionalConfig"].splitlines():
+        key, value = (p.strip() for p in line.split("=", 1))
+        assert ours.get(key) == value, f"{key} differs from deploy/rabbitmq"
+    for key in ("queue_leader_locator", "consumer_timeout", "vm_memory_high_watermark.relative"):
+        assert key in spec["rabbitmq"]["additionalConfig"], key
+
+
 def rabbitmq_users(user: str, password: str, admin: str, admin_password: str) -> dict:
     """The users file compose writes into RabbitMQ's definitions, filled in."""
     content = compose()["configs"]["rabbitmq-users"]["content"]
@@ -242,6 +373,11 @@ def test_the_kustomize_overlay_renders_and_every_object_validates_against_its_sc
 def test_the_schema_checks_refuse_a_misspelt_field_of_every_custom_kind() -> None:
     for doc in kustomize(OVERLAYS[1]):
         if doc["apiVersion"].startswith(("keda.sh/", "monitoring.coreos.com/")):
+            broken = {**doc, "spec": {**doc["spec"], "selektor": {}}}
+            with pytest.raises(AssertionError, match="selektor"):
+                validate_object(broken, KUBERNETES_VERSION)
+    for doc in kustomize(RABBITMQ_K8S):
+        if doc["kind"] == "RabbitmqCluster":
             broken = {**doc, "spec": {**doc["spec"], "selektor": {}}}
             with pytest.raises(AssertionError, match="selektor"):
                 validate_object(broken, KUBERNETES_VERSION)

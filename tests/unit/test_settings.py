@@ -363,6 +363,37 @@ def test_the_greeting_has_a_plain_default_and_must_fit_one_telegram_message(monk
             Settings(greeting=value)
 
 
+def test_the_amqp_url_may_list_every_node_of_a_cluster_each_password_guarded_and_masked() -> None:
+    nodes = "amqp://chatq:Hs8dJ3kq0PzX5nVb@mq-1/, amqp://chatq:Hs8dJ3kq0PzX5nVb@mq-2/,amqp://chatq:Wq4rT8yU1iO3pZxC@mq-3/"
+    s = Settings(env="production", database_url=SERVER_CREDENTIALS["database_url"], amqp_url=nodes)
+    assert s.amqp_urls() == [
+        "amqp://chatq:Hs8dJ3kq0PzX5nVb@mq-1/",
+        "amqp://chatq:Hs8dJ3kq0PzX5nVb@mq-2/",
+        "amqp://chatq:Wq4rT8yU1iO3pZxC@mq-3/",
+    ]
+    assert {"Hs8dJ3kq0PzX5nVb", "Wq4rT8yU1iO3pZxC"} <= set(s.secret_values())
+    with pytest.raises(ValidationError, match="CHATQ_AMQP_URL's password contains 'change-me'") as refused:
+        Settings(
+            env="production",
+            database_url=SERVER_CREDENTIALS["database_url"],
+            amqp_url=nodes + ",amqp://chatq:CHANGE-ME-password@mq-4/",
+        )
+    assert "Wq4rT8yU1iO3pZxC" not in str(refused.value)
+    with pytest.raises(ValidationError, match="guest account"):
+        Settings(
+            env="production",
+            database_url=SERVER_CREDENTIALS["database_url"],
+            amqp_url=nodes + ",amqp://guest:guest@mq-4/",
+        )
+
+
+def test_an_amqp_url_list_with_something_else_in_it_is_refused_with_the_reason() -> None:
+    with pytest.raises(ValidationError, match="amqp:// or amqps:// URLs, comma-separated"):
+        Settings(amqp_url="amqp://u:p@mq-1/,mq-2:5672")
+    with pytest.raises(ValidationError, match="CHATQ_AMQP_URL is empty"):
+        Settings(amqp_url=" , ")
+
+
 def test_chatq_reads_the_admin_token_from_the_env_file_and_not_without_it(tmp_path, monkeypatch) -> None:
     from shared.cli import EXIT_UNREACHABLE, EXIT_USAGE, main
 

@@ -9,6 +9,8 @@ import pytest
 
 from shared.broker.topology import (
     COALESCER_QUEUE,
+    NOT_QUEUE_ARGUMENTS,
+    POLICIES,
     RESPONDER_QUEUE,
     build_topology,
     definitions,
@@ -33,6 +35,18 @@ def test_work_queues_are_quorum_queues_with_a_delivery_limit_and_safe_dead_lette
         assert args["x-delivery-limit"] >= 1
         assert args["x-dead-letter-exchange"] == "chatq.dead"
         assert args["x-dead-letter-strategy"] == "at-least-once"
+
+
+def test_replica_count_and_leader_placement_are_never_queue_arguments_so_old_queues_redeclare() -> None:
+    # RabbitMQ refuses a redeclaration that adds either (PRECONDITION_FAILED): every
+    # deployment's existing queues were declared without them.
+    for queue in build_topology().queues:
+        assert not set(queue.args) & set(NOT_QUEUE_ARGUMENTS), queue.name
+    # Leader placement on a cluster is the policy's (and rabbitmq.conf's), for every queue.
+    placed = {p.pattern for p in POLICIES if dict(p.definition).get("queue-leader-locator") == "balanced"}
+    assert r"^chatq\." in placed and len(placed) == len(POLICIES)
+    conf = (DEFINITIONS.parent / "rabbitmq.conf").read_text()
+    assert "queue_leader_locator = balanced" in conf
 
 
 def test_each_retry_tier_expires_back_into_the_jobs_exchange_after_its_delay() -> None:

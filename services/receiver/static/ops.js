@@ -11,7 +11,8 @@ async function api(path, opts = {}) {
 const age = (s) => s < 90 ? `${Math.round(s)} s` : s < 5400 ? `${Math.round(s / 60)} min` : `${(s / 3600).toFixed(1)} h`;
 function card(label, value) { const d = document.createElement("div"); d.className = "card"; d.innerHTML = `<span></span><b></b>`; d.firstChild.textContent = label; d.lastChild.textContent = value; return d; }
 async function load() {
-  const s = await api("/v1/stats");
+  const chosen = $("account-filter").value;
+  const s = await api("/v1/stats" + (chosen ? `?account=${encodeURIComponent(chosen)}` : ""));
   const day = s.last_24h;
   // The four numbers, named as in the README, the dashboard and the alerts.
   $("stats").replaceChildren(
@@ -29,10 +30,24 @@ async function load() {
     p.textContent = `${a.platform} account ${a.account_id} is paused (${a.state.replaceAll("_", " ")}) since ${new Date(a.since).toLocaleString()}: ${a.reason}`;
     return p;
   }));
+  if (!chosen) {
+    // The filter lists every account of the deployment (the busiest first).
+    $("account-filter").replaceChildren(new Option("All accounts", ""), ...s.accounts.map((a) => new Option(`${a.platform}:${a.account_id}${a.name ? ` (${a.name})` : ""}`, `${a.platform}:${a.account_id}`)));
+  }
+  $("account-rows").replaceChildren(...s.accounts.map(accountRow));
   const { operations } = await api("/v1/operations?status=failed,needs_review&limit=200");
   $("rows").replaceChildren(...operations.map(row));
   const { chats } = await api("/v1/chats?held=true");
   $("held").replaceChildren(...chats.map(heldRow));
+}
+function accountRow(a) {
+  const tr = document.createElement("tr");
+  tr.dataset.account = `${a.platform}:${a.account_id}`;
+  const p50 = a.receipt_to_reply_p50_seconds;
+  for (const text of [`${a.platform}:${a.account_id}`, a.name || "", a.state.replaceAll("_", " "), a.backlog, p50 == null ? "–" : age(p50), `${(a.failed_share * 100).toFixed(1)} %`, a.retries]) {
+    const td = document.createElement("td"); td.textContent = text; tr.appendChild(td);
+  }
+  return tr;
 }
 function heldRow(c) {
   const tr = document.createElement("tr");
@@ -109,6 +124,7 @@ function show() {
   $("login").hidden = !!token; $("app").hidden = !token;
   if (token) load().catch(e => $("flash").textContent = e.message);
 }
+$("account-filter").onchange = () => load().catch(e => $("flash").textContent = e.message);
 $("login").onsubmit = (e) => { e.preventDefault(); token = $("token").value; sessionStorage.setItem("chatq-admin-token", token); show(); };
 show();
 setInterval(() => { if (token) { load().catch(() => {}); if (openId) detail(openId).catch(() => {}); } }, 2000);

@@ -364,7 +364,7 @@ def since_last_answer(
         if item.get("direction") == "out" or str(item.get("author_id")) == account_id:
             return found[::-1], True
         created = item.get("created")
-        if not _is_time(created) or not isinstance(item.get("id"), str) or not item["id"]:
+        if not isinstance(created, int | float) or not _is_time(created) or not item.get("id"):
             continue
         if created < since:
             return found[::-1], True

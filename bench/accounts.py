@@ -1,0 +1,166 @@
+"""Many accounts (issue 21): ``--accounts`` Telegram bots added through the admin API, each
+with ``--chats`` chats, every chat a burst of ``--burst`` messages, all arriving together
+(chats interleaved across accounts). Goals: every burst answered once (one reply a chat,
+by its own bot); fairness: the worst account's p99 receipt-to-reply within 2x the median
+account's; each service's peak RSS. Writes bench/results/accounts.json."""
+
+from __future__ import annotations
+
+import argparse
+import asyncio
+import statistics
+import time
+from collections import Counter
+from typing import Any
+
+import asyncpg
+import httpx
+from cryptography.fernet import Fernet
+
+from bench.pipeline import fresh, instant_settings, peak_rss_mb, started_services
+from bench.support import add_infra_arguments, bench_main
+from tests.fakes.platforms import running_fakes
+from tests.support.processes import Receiver
+
+ADMIN_TOKEN = "bench-admin-token-0123456789"
+FIRST_BOT = 700_000
+
+
+def bot(n: int) -> tuple[str, str, str]:
+    """The n-th account: its bot id, token and webhook secret token."""
+    bot_id = str(FIRST_BOT + n)
+    return bot_id, f"{bot_id}:AAbench-token-{n:06d}-abcdefghij", f"bench-secret-{n:06d}-abcdefgh"
+
+
+def update(update_id: int, chat: int, text: str) -> dict[str, Any]:
+    return {
+        "update_id": update_id,
+        "message": {
+            "message_id": update_id,
+            "date": int(time.time()),
+            "chat": {"id": chat, "type": "private"},
+            "from": {"id": chat, "is_bot": False, "first_name": "Buyer"},
+            "text": text,
+        },
+    }
+
+
+async def run(args: argparse.Namespace) -> dict[str, Any]:
+    async with running_fakes() as world, fresh(args) as (db_url, amqp_url):
+        settings = instant_settings(
+            db_url,
+            amqp_url,
+            world,
+            admin_token=ADMIN_TOKEN,
+            secrets_key=Fernet.generate_key().decode(),
+            # A burst is one answer: the window waits for the buyer to pause.
+            quiet_seconds=args.quiet,
+            reply_delay_min_seconds=args.quiet,
+            reply_delay_max_seconds=args.quiet * 2,
+            max_wait_seconds=args.quiet * 20,
+            responder_concurrency=16,
+        )
+        procs = await started_services(settings)
+        receiver = procs["receiver"]
+        assert isinstance(receiver, Receiver)
+        admin = {"authorization": f"Bearer {ADMIN_TOKEN}"}
+        try:
+            async with httpx.AsyncClient(base_url=receiver.url, timeout=30) as client:
+                started = time.monotonic()
+                gate = asyncio.Semaphore(16)
+
+                async def add(n: int) -> None:
+                    bot_id, token, secret = bot(n)
+                    async with gate:
+                        r = await client.post(
+                            "/v1/accounts",
+                            headers=admin,
+                            json={
+                                "platform": "telegram",
+                                "account_id": bot_id,
+                                "name": f"shop {n}",
+                                "credentials": {"bot_token": token, "webhook_secret": secret},
+                            },
+                        )
+                        r.raise_for_status()
+
+                await asyncio.gather(*(add(n) for n in range(args.accounts)))
+                added_s = time.monotonic() - started
+                gate = asyncio.Semaphore(32)
+
+                async def burst(n: int, chat: int) -> None:
+                    bot_id, _, secret = bot(n)
+                    async with gate:  # the burst's messages together
+                        for r in await asyncio.gather(
+                            *(
+                                client.post(
+                                    f"/v1/webhooks/telegram/{bot_id}",
+                                    json=update(chat * 100 + m, chat, f"question {m}: is it available?"),
+                                    headers={"X-Telegram-Bot-Api-Secret-Token": secret},
+                                )
+                                for m in range(args.burst)
+                            )
+                        ):
+                            r.raise_for_status()
+
+                load_started = time.monotonic()
+                await asyncio.gather(
+                    *(burst(n, 1000 + c) for c in range(args.chats) for n in range(args.accounts))
+                )
+                posted_s = time.monotonic() - load_started
+                chats = args.accounts * args.chats
+                deadline = time.monotonic() + args.within
+                while len({(m["bot"], m["chat_id"]) for m in world.telegram}) < chats:
+                    if time.monotonic() > deadline:
+                        break
+                    await asyncio.sleep(0.5)
+                await asyncio.sleep(args.quiet * 3)  # a second answer to a burst would come by now
+                answered_s = time.monotonic() - load_started
+            rss = {name: peak_rss_mb(p.proc.pid) for name, p in procs.items() if p.proc}
+            conn = await asyncpg.connect(db_url)
+            rows = await conn.fetch(
+                """
+                SELECT o.account_id,
+                       percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - o.received_at)) AS p99
+                FROM operation_events e JOIN operations o ON o.id = e.operation_id
+                WHERE e.kind = 'replied' GROUP BY 1
+                """
+            )
+            jobs = await conn.fetchval("SELECT count(*) FROM reply_jobs WHERE status = 'sent'")
+            await conn.close()
+        finally:
+            for p in procs.values():
+                await p.stop()
+    replies = Counter((m["bot"], m["chat_id"]) for m in world.telegram)
+    p99s = sorted(r["p99"] for r in rows)
+    median = statistics.median(p99s) if p99s else None
+    worst = p99s[-1] if p99s else None
+    return {
+        "accounts": args.accounts,
+        "chats": chats,
+        "messages": chats * args.burst,
+        "accounts_added_s": added_s,
+        "posted_s": posted_s,
+        "answered_s": answered_s,
+        "chats_answered": len(replies),
+        "chats_answered_twice": sum(1 for n in replies.values() if n > 1),
+        "jobs_sent": jobs,
+        "answered_once": len(replies) == chats and all(n == 1 for n in replies.values()) and jobs == chats,
+        "account_p99_median_s": median,
+        "account_p99_worst_s": worst,
+        "fairness_ratio": worst / median if median else None,
+        "peak_rss_mb": rss,
+    }
+
+
+def arguments(p: argparse.ArgumentParser) -> None:
+    add_infra_arguments(p)
+    p.add_argument("--accounts", type=int, default=1000)
+    p.add_argument("--chats", type=int, default=10, help="chats per account")
+    p.add_argument("--burst", type=int, default=2, help="messages a chat, sent together")
+    p.add_argument("--quiet", type=float, default=2.0, help="seconds a buyer pauses before the answer")
+    p.add_argument("--within", type=float, default=600, help="give up waiting for the answers after this")
+
+
+if __name__ == "__main__":
+    bench_main(__doc__, arguments, run, "accounts.json")

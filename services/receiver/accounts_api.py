@@ -1,0 +1,402 @@
+"""The accounts' admin API (README "Many accounts"): add (or update) an account with its
+credentials and overrides, list, show, pause, resume, remove, and connect its webhook.
+Admin token as every admin endpoint. Credentials go in and never come out: a view says
+which ones are set, and an Avito path secret shows as ``***``."""
+
+from __future__ import annotations
+
+import re
+import secrets
+from typing import Any, Literal
+
+import asyncpg
+import httpx
+from fastapi import APIRouter, Request
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+
+from shared.accounts import CREDENTIALS, OVERRIDES, REQUIRED, AccountRegistry, path_key
+from shared.connect import ConnectError, connect_avito, connect_telegram
+from shared.secretbox import SecretsUnavailable
+from shared.settings import Settings
+
+from .errors import ApiError
+from .operations import account_numbers, require_admin
+
+router = APIRouter()
+
+#: Ids are path segments: what the platforms use (digits, letters, - _ .), nothing else.
+_ID = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
+_TELEGRAM_SECRET = re.compile(r"^[A-Za-z0-9_\-]{16,256}$")
+_PATH_SECRET = re.compile(r"^[A-Za-z0-9_\-]{16,128}$")
+
+
+class Credentials(BaseModel):
+    """An account's credentials; which ones a platform takes: ``shared.accounts.CREDENTIALS``.
+    A webhook secret left out is made here (random), and ``chatq connect --account``
+    registers it with the platform."""
+
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    bot_token: str | None = Field(default=None, pattern=r"^\d{1,20}:[A-Za-z0-9_\-]{20,100}$")
+    webhook_secret: str | None = Field(default=None, min_length=16, max_length=256)
+    client_id: str | None = Field(default=None, min_length=1, max_length=200)
+    client_secret: str | None = Field(default=None, min_length=1, max_length=500)
+    reply_url: str | None = Field(default=None, pattern=r"^https?://\S+$", max_length=2000)
+    reply_secret: str | None = Field(default=None, min_length=16, max_length=500)
+
+    def given(self) -> dict[str, str]:
+        return {k: v for k, v in self.model_dump().items() if v is not None}
+
+
+class Overrides(BaseModel):
+    """Settings of this account that override the global ones (None: the global one)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    facts: str | None = Field(default=None, min_length=1, max_length=100_000)
+    facts_file: str | None = Field(default=None, min_length=1, max_length=1000)
+    llm_model: str | None = Field(default=None, min_length=1, max_length=200)
+    prompt: str | None = Field(default=None, min_length=1, max_length=20_000)
+    reply_delay_min_seconds: float | None = Field(default=None, ge=0, le=86400)
+    reply_delay_max_seconds: float | None = Field(default=None, ge=0, le=86400)
+    takeover_seconds: float | None = Field(default=None, ge=0, le=30 * 86400)
+    rate_per_second: float | None = Field(default=None, gt=0, le=1000)
+
+    @model_validator(mode="after")
+    def _pause_range(self) -> Overrides:
+        low, high = self.reply_delay_min_seconds, self.reply_delay_max_seconds
+        if low is not None and high is not None and low > high:
+            raise ValueError("reply_delay_min_seconds must not exceed reply_delay_max_seconds")
+        return self
+
+
+class AccountIn(BaseModel):
+    model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
+
+    platform: Literal["telegram", "avito", "generic"]
+    account_id: str = Field(pattern=_ID, description="Telegram: the bot id; Avito: the user_id")
+    name: str = Field(min_length=1, max_length=200)
+    credentials: Credentials = Credentials()
+    overrides: Overrides = Overrides()
+
+    @field_validator("name")
+    @classmethod
+    def _printable(cls, v: str) -> str:
+        if not v.strip() or any(not c.isprintable() for c in v):
+            raise ValueError("name must be printable text")
+        return v.strip()
+
+
+class PauseIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    reason: str = Field(min_length=1, max_length=500)
+    by: str = Field(default="admin", min_length=1, max_length=200)
+
+
+def _registry(request: Request) -> AccountRegistry:
+    return request.app.state.runtime.accounts
+
+
+def webhook_path(platform: str, account_id: str) -> str:
+    """Where the platform posts this account's messages (an Avito path secret as ***)."""
+    return {
+        "telegram": f"/v1/webhooks/telegram/{account_id}",
+        "avito": "/v1/webhooks/avito/***",
+        "generic": f"/v1/webhooks/generic/{account_id}",
+    }[platform]
+
+
+def _check_credentials(platform: str, account_id: str, credentials: dict[str, str]) -> None:
+    """Postgres cannot read sealed credentials: what they must be is checked here."""
+    unknown = sorted(set(credentials) - set(CREDENTIALS[platform]))
+    if unknown:
+        raise ApiError(
+            422,
+            "invalid_credentials",
+            f"a {platform} account takes {', '.join(CREDENTIALS[platform])}; not {', '.join(unknown)}",
+        )
+    missing = [k for k in REQUIRED[platform] if not credentials.get(k)]
+    if missing:
+        raise ApiError(422, "invalid_credentials", f"a {platform} account needs {', '.join(missing)}")
+    secret = credentials.get("webhook_secret", "")
+    if platform == "telegram":
+        if credentials["bot_token"].split(":", 1)[0] != account_id:
+            raise ApiError(
+                422,
+                "invalid_credentials",
+                "the bot token is another bot's: its id (before the colon) is not the account id",
+            )
+        if not _TELEGRAM_SECRET.match(secret):
+            raise ApiError(422, "invalid_credentials", "webhook_secret: 16-256 characters of A-Z a-z 0-9 _ -")
+    if platform == "avito" and not _PATH_SECRET.match(secret):
+        raise ApiError(
+            422, "invalid_credentials", "webhook_secret: 16-128 characters of A-Z a-z 0-9 _ - (a URL path)"
+        )
+
+
+def account_view(row: asyncpg.Record, credential_names: list[str]) -> dict[str, Any]:
+    return {
+        "platform": row["platform"],
+        "account_id": row["account_id"],
+        "name": row["name"],
+        "source": row["source"],
+        "state": "removed" if row["removed_at"] else row["state"],
+        "reason": row["state_reason"],
+        "since": row["state_since"].isoformat(),
+        "credentials_set": credential_names,
+        "overrides": {k: row[k] for k in OVERRIDES if row[k] is not None},
+        "webhook_path": webhook_path(row["platform"], row["account_id"]),
+        "created_at": row["created_at"].isoformat(),
+    }
+
+
+def _names(registry: AccountRegistry, row: asyncpg.Record) -> list[str]:
+    if row["credentials"] is None:
+        return []
+    try:
+        return sorted(registry.box.open(row["credentials"]))
+    except SecretsUnavailable:
+        return ["(sealed: no configured key opens them)"]
+
+
+_ROW = f"""SELECT platform, account_id, name, source, state, state_reason, state_since, created_at, removed_at,
+          credentials, {", ".join(OVERRIDES)} FROM accounts"""
+
+
+async def _row(pool: asyncpg.Pool, platform: str, account_id: str) -> asyncpg.Record:
+    row = await pool.fetchrow(_ROW + " WHERE platform = $1 AND account_id = $2", platform, account_id)
+    if row is None:
+        raise ApiError(404, "account_not_found", f"no {platform} account {account_id}")
+    return row
+
+
+@router.post("/v1/accounts")
+async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
+    """Add an account, or update it (its name, overrides, and the credentials given)."""
+    require_admin(request)
+    registry = _registry(request)
+    pool: asyncpg.Pool = request.app.state.pool
+    if not registry.box.configured:
+        raise ApiError(
+            409, "no_secrets_key", "set CHATQ_SECRETS_KEY on every service to keep an account's credentials"
+        )
+    async with pool.acquire() as conn, conn.transaction():
+        old = await conn.fetchrow(
+            "SELECT credentials, removed_at FROM accounts WHERE platform = $1 AND account_id = $2 FOR UPDATE",
+            body.platform,
+            body.account_id,
+        )
+        credentials: dict[str, str] = {}
+        if old is not None and old["credentials"] is not None:
+            try:
+                credentials = registry.box.open(old["credentials"])
+            except SecretsUnavailable as exc:
+                raise ApiError(409, "sealed_credentials", f"{exc}; give every credential again") from None
+        credentials.update(body.credentials.given())
+        if body.platform in ("telegram", "avito") and not credentials.get("webhook_secret"):
+            credentials["webhook_secret"] = secrets.token_urlsafe(24)
+        _check_credentials(body.platform, body.account_id, credentials)
+        overrides = body.overrides.model_dump()
+        key = path_key(credentials["webhook_secret"]) if body.platform == "avito" else None
+        try:
+            row = await conn.fetchrow(
+                f"""
+                INSERT INTO accounts (platform, account_id, name, source, credentials, webhook_key,
+                                      {", ".join(OVERRIDES)})
+                VALUES ($1, $2, $3, 'admin', $4, $5, {", ".join(f"${i}" for i in range(6, 6 + len(OVERRIDES)))})
+                ON CONFLICT (platform, account_id) DO UPDATE SET
+                    name = excluded.name, source = 'admin', credentials = excluded.credentials,
+                    webhook_key = excluded.webhook_key, removed_at = NULL, updated_at = now(),
+                    {", ".join(f"{k} = excluded.{k}" for k in OVERRIDES)}
+                RETURNING (xmax = 0) AS created
+                """,
+                body.platform,
+                body.account_id,
+                body.name,
+                registry.box.seal(credentials),
+                key,
+                *(overrides[k] for k in OVERRIDES),
+            )
+        except asyncpg.UniqueViolationError:
+            raise ApiError(409, "webhook_secret_taken", "another account has this webhook secret") from None
+    await registry.refresh()
+    view = account_view(await _row(pool, body.platform, body.account_id), sorted(credentials))
+    view["created"] = bool(row["created"]) or (old is not None and old["removed_at"] is not None)
+    return view
+
+
+@router.post("/v1/accounts/rotate-key")
+async def rotate_key(request: Request) -> dict[str, Any]:
+    """Seal every account's credentials again under the first SECRETS_KEY (after a new key
+    was put first), so the old key can then be dropped."""
+    require_admin(request)
+    registry = _registry(request)
+    if not registry.box.configured:
+        raise ApiError(409, "no_secrets_key", "set CHATQ_SECRETS_KEY on every service first")
+    pool: asyncpg.Pool = request.app.state.pool
+    resealed, unopened = 0, []
+    async with pool.acquire() as conn, conn.transaction():
+        rows = await conn.fetch(
+            "SELECT platform, account_id, credentials FROM accounts WHERE credentials IS NOT NULL FOR UPDATE"
+        )
+        for r in rows:
+            try:
+                token = registry.box.rotate(r["credentials"])
+            except SecretsUnavailable:
+                unopened.append(f"{r['platform']}:{r['account_id']}")
+                continue
+            await conn.execute(
+                "UPDATE accounts SET credentials = $3 WHERE platform = $1 AND account_id = $2",
+                r["platform"],
+                r["account_id"],
+                token,
+            )
+            resealed += 1
+    await registry.refresh()
+    return {"resealed": resealed, "unopened": unopened}
+
+
+@router.get("/v1/accounts")
+async def list_accounts(
+    request: Request, platform: str | None = None, removed: bool = False
+) -> dict[str, Any]:
+    require_admin(request)
+    pool: asyncpg.Pool = request.app.state.pool
+    rows = await pool.fetch(
+        _ROW + " WHERE ($1::text IS NULL OR platform = $1) AND ($2 OR removed_at IS NULL)"
+        " ORDER BY platform, account_id",
+        platform,
+        removed,
+    )
+    registry = _registry(request)
+    return {"accounts": [account_view(r, _names(registry, r)) for r in rows], "count": len(rows)}
+
+
+@router.get("/v1/accounts/{platform}/{account_id}")
+async def show_account(platform: str, account_id: str, request: Request) -> dict[str, Any]:
+    require_admin(request)
+    pool: asyncpg.Pool = request.app.state.pool
+    row = await _row(pool, platform, account_id)
+    view = account_view(row, _names(_registry(request), row))
+    view["numbers"] = (await account_numbers(pool, platform, account_id)).get((platform, account_id), {})
+    return view
+
+
+@router.post("/v1/accounts/{platform}/{account_id}/pause")
+async def pause_account(platform: str, account_id: str, body: PauseIn, request: Request) -> dict[str, Any]:
+    """A person pauses the account: its replies wait (none fails) until a person resumes it."""
+    require_admin(request)
+    pool: asyncpg.Pool = request.app.state.pool
+    await _row(pool, platform, account_id)
+    moved = await pool.fetchval(
+        """
+        UPDATE accounts SET state = 'paused_by_person', state_reason = $3, state_since = now(),
+               next_probe_at = NULL, updated_at = now()
+        WHERE platform = $1 AND account_id = $2 AND removed_at IS NULL AND state <> 'paused_by_person'
+        RETURNING true
+        """,
+        platform,
+        account_id,
+        f"paused by {body.by}: {body.reason}",
+    )
+    row = await _row(pool, platform, account_id)
+    if not moved and row["removed_at"] is not None:
+        raise ApiError(409, "account_removed", f"the {platform} account {account_id} was removed")
+    await _registry(request).refresh()
+    return account_view(row, _names(_registry(request), row))
+
+
+@router.post("/v1/accounts/{platform}/{account_id}/resume")
+async def resume_account(platform: str, account_id: str, request: Request) -> dict[str, Any]:
+    """A person's pause ends at once; a platform's is probed now (it ends when the platform
+    accepts the account again)."""
+    require_admin(request)
+    pool: asyncpg.Pool = request.app.state.pool
+    await pool.execute(
+        """
+        UPDATE accounts SET state = CASE WHEN state = 'paused_by_person' THEN 'active' ELSE state END,
+               state_reason = CASE WHEN state = 'paused_by_person' THEN NULL ELSE state_reason END,
+               state_since = CASE WHEN state = 'paused_by_person' THEN now() ELSE state_since END,
+               next_probe_at = CASE WHEN state = 'paused_by_platform' THEN now() ELSE next_probe_at END,
+               updated_at = now()
+        WHERE platform = $1 AND account_id = $2 AND state <> 'active' AND removed_at IS NULL
+        """,
+        platform,
+        account_id,
+    )
+    row = await _row(pool, platform, account_id)
+    await _registry(request).refresh()
+    return account_view(row, _names(_registry(request), row))
+
+
+@router.delete("/v1/accounts/{platform}/{account_id}")
+async def remove_account(platform: str, account_id: str, request: Request) -> dict[str, Any]:
+    """Remove the account: its credentials are wiped, its webhooks answer 404, its replies
+    not yet sent fail with the reason. Its messages and their record stay."""
+    require_admin(request)
+    pool: asyncpg.Pool = request.app.state.pool
+    await _row(pool, platform, account_id)
+    await pool.execute(
+        """
+        UPDATE accounts SET removed_at = coalesce(removed_at, now()), credentials = NULL, webhook_key = NULL,
+               updated_at = now()
+        WHERE platform = $1 AND account_id = $2
+        """,
+        platform,
+        account_id,
+    )
+    await _registry(request).refresh()
+    row = await _row(pool, platform, account_id)
+    return account_view(row, [])
+
+
+class ConnectIn(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    disconnect: bool = False
+
+
+@router.post("/v1/accounts/{platform}/{account_id}/connect")
+async def connect_account(
+    platform: str, account_id: str, body: ConnectIn, request: Request
+) -> dict[str, Any]:
+    """Register (or remove) the account's webhook with its platform, from this receiver:
+    the credentials never leave it (``chatq connect PLATFORM --account ID``)."""
+    require_admin(request)
+    settings: Settings = request.app.state.settings
+    account = _registry(request).get(platform, account_id)
+    if account is None or not account.owns_credentials or platform not in ("telegram", "avito"):
+        raise ApiError(
+            404, "account_not_found", f"no {platform} account {account_id} with credentials of its own"
+        )
+    c = account.credentials
+    try:
+        async with httpx.AsyncClient(timeout=15) as client:
+            if platform == "telegram":
+                own = settings.model_copy(
+                    update={
+                        "telegram_bot_token": _s(c["bot_token"]),
+                        "telegram_webhook_secret": _s(c["webhook_secret"]),
+                    }
+                )
+                outcome = await connect_telegram(own, client, disconnect=body.disconnect, account=account_id)
+            else:
+                own = settings.model_copy(
+                    update={
+                        "avito_client_id": c["client_id"],
+                        "avito_client_secret": _s(c["client_secret"]),
+                        "avito_webhook_secret": _s(c["webhook_secret"]),
+                    }
+                )
+                outcome = await connect_avito(own, client, disconnect=body.disconnect)
+    except ConnectError as exc:
+        status = {"usage": 409, "refused": 502, "unreachable": 504}[exc.kind]
+        raise ApiError(status, f"connect_{exc.kind}", str(exc)) from None
+    return {"text": outcome.text, "changed": outcome.changed}
+
+
+def _s(value: str) -> Any:
+    from pydantic import SecretStr
+
+    return SecretStr(value)

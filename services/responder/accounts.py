@@ -1,0 +1,195 @@
+"""Each account's own platform adapter and reply writer, from the account registry
+(``shared.accounts``): an account added with its credentials sends with them, and writes
+with its own facts, model and prompt; every other account is the environment's, as
+before. An adapter or writer is built when first needed and again when the account's
+credentials or overrides change (a rotation needs no restart)."""
+
+from __future__ import annotations
+
+import asyncio
+import contextlib
+from collections.abc import Mapping
+
+import asyncpg
+
+from shared.accounts import Account, AccountRegistry
+from shared.settings import Settings
+
+from .llm import SYSTEM_PROMPT, FactsWriter, OpenAIWriter, ReplyWriter, facts_text
+from .platforms.avito import AvitoPlatform, AvitoToken
+from .platforms.base import HttpClient, Platform
+from .platforms.generic import GenericPlatform
+from .platforms.sandbox import SandboxPlatform
+from .platforms.telegram import TelegramPlatform
+from .ratelimit import AccountRateLimiter
+
+
+class Unserved(Exception):
+    """The account's replies cannot be sent by this deployment (removed, or its credentials
+    cannot be opened): why, in words a person reads."""
+
+
+class FixedPlatforms:
+    """One adapter a platform, whatever the account (tests; a deployment without accounts)."""
+
+    def __init__(self, platforms: Mapping[str, Platform]) -> None:
+        self._platforms = platforms
+
+    def for_account(self, platform: str, account_id: str) -> Platform | None:
+        return self._platforms.get(platform)
+
+    def names(self) -> list[str]:
+        return sorted(self._platforms)
+
+    async def aclose(self) -> None:
+        return None
+
+
+class AccountPlatforms:
+    """The adapter each account sends with."""
+
+    def __init__(
+        self,
+        settings: Settings,
+        client: HttpClient,
+        pool: asyncpg.Pool,
+        registry: AccountRegistry | None,
+        environment: Mapping[str, Platform],
+        limiter: AccountRateLimiter,
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self._pool = pool
+        self._registry = registry
+        self._environment = environment
+        self._limiter = limiter
+        self._built: dict[tuple[str, str], tuple[str, Platform]] = {}
+
+    def names(self) -> list[str]:
+        names = set(self._environment)
+        if self._registry is not None:
+            names |= {a.platform for a in self._registry.all() if a.owns_credentials}
+        return sorted(names)
+
+    def for_account(self, platform: str, account_id: str) -> Platform | None:
+        """The adapter for the account's replies; None when the platform is not configured;
+        ``Unserved`` when the account may not send at all."""
+        account = self._registry.get(platform, account_id) if self._registry is not None else None
+        self._limiter.set_rate(
+            f"{platform}:{account_id}", account.override("rate_per_second") if account else None
+        )
+        if platform == "sandbox":
+            return self._environment.get(platform)
+        if account is not None and account.removed:
+            raise Unserved(f"the {platform} account {account_id} was removed")
+        if account is None or not account.owns_credentials:
+            if platform == "telegram" and account_id != self._settings.telegram_account_id:
+                # The environment's bot token sends as that bot only.
+                return None
+            return self._environment.get(platform)
+        if account.sealed:
+            raise Unserved(
+                f"the {platform} account {account_id}'s credentials cannot be opened: {account.sealed}"
+            )
+        key = (platform, account_id)
+        built = self._built.get(key)
+        if built is None or built[0] != account.fingerprint:
+            built = (account.fingerprint, self._build(account))
+            self._built[key] = built
+        return built[1]
+
+    def _build(self, account: Account) -> Platform:
+        c, s = account.credentials, self._settings
+        if account.platform == "telegram":
+            return TelegramPlatform(s.telegram_api_base, c["bot_token"], self._client, self._limiter)
+        if account.platform == "avito":
+            token = AvitoToken(s.avito_api_base, c["client_id"], c["client_secret"], self._client, self._pool)
+            return AvitoPlatform(s.avito_api_base, token, self._client, self._limiter)
+        url = c.get("reply_url") or s.generic_reply_url
+        if not url:
+            raise Unserved(
+                f"the generic account {account.account_id} has no reply_url, nor CHATQ_GENERIC_REPLY_URL"
+            )
+        secret = c.get("reply_secret") or (
+            s.generic_reply_secret.get_secret_value() if s.generic_reply_secret else None
+        )
+        return GenericPlatform(url, secret, self._client, self._limiter)
+
+    async def aclose(self) -> None:
+        for _, platform in self._built.values():
+            with contextlib.suppress(Exception):
+                await platform.aclose()
+
+
+def build_environment_platforms(
+    settings: Settings, client: HttpClient, pool: asyncpg.Pool, limiter: AccountRateLimiter
+) -> dict[str, Platform]:
+    """Every platform whose reply credentials the environment configures, and the sandbox."""
+    platforms: dict[str, Platform] = {}
+    if settings.sandbox_active:
+        platforms["sandbox"] = SandboxPlatform(pool)
+    if settings.telegram_bot_token is not None:
+        platforms["telegram"] = TelegramPlatform(
+            settings.telegram_api_base, settings.telegram_bot_token.get_secret_value(), client, limiter
+        )
+    if settings.avito_client_id and settings.avito_client_secret is not None:
+        token = AvitoToken(
+            settings.avito_api_base,
+            settings.avito_client_id,
+            settings.avito_client_secret.get_secret_value(),
+            client,
+            pool,
+        )
+        platforms["avito"] = AvitoPlatform(settings.avito_api_base, token, client, limiter)
+    if settings.generic_reply_url:
+        secret = settings.generic_reply_secret.get_secret_value() if settings.generic_reply_secret else None
+        platforms["generic"] = GenericPlatform(settings.generic_reply_url, secret, client, limiter)
+    return platforms
+
+
+def build_writer(settings: Settings, account: Account | None = None) -> ReplyWriter:
+    """The reply writer of the settings, with the account's overrides (facts, model, prompt)."""
+    o = account.overrides if account is not None else {}
+    facts = o.get("facts") or facts_text(o.get("facts_file") or settings.facts_file)
+    if settings.llm_base_url:
+        return OpenAIWriter(
+            settings.llm_base_url,
+            settings.llm_api_key.get_secret_value() if settings.llm_api_key else None,
+            o.get("llm_model") or settings.llm_model,
+            settings.llm_timeout_seconds,
+            facts,
+            o.get("prompt") or SYSTEM_PROMPT,
+        )
+    return FactsWriter(facts)
+
+
+WRITER_OVERRIDES = ("facts", "facts_file", "llm_model", "prompt")
+
+
+class AccountWriters:
+    """The reply writer each account writes with: the global one, or its own."""
+
+    def __init__(self, settings: Settings, registry: AccountRegistry | None, default: ReplyWriter) -> None:
+        self._settings = settings
+        self._registry = registry
+        self.default = default
+        self._built: dict[tuple[str, str], tuple[str, ReplyWriter]] = {}
+        self._retired: list[ReplyWriter] = []
+
+    def for_account(self, platform: str, account_id: str) -> ReplyWriter:
+        account = self._registry.get(platform, account_id) if self._registry is not None else None
+        if account is None or not any(k in account.overrides for k in WRITER_OVERRIDES):
+            return self.default
+        mark = repr(sorted((k, account.overrides.get(k)) for k in WRITER_OVERRIDES))
+        key = (platform, account_id)
+        built = self._built.get(key)
+        if built is None or built[0] != mark:
+            if built is not None:
+                self._retired.append(built[1])  # closed at the end: a job may still use it
+            built = (mark, build_writer(self._settings, account))
+            self._built[key] = built
+        return built[1]
+
+    async def aclose(self) -> None:
+        writers = [self.default, *(w for _, w in self._built.values()), *self._retired]
+        await asyncio.gather(*(w.aclose() for w in writers), return_exceptions=True)

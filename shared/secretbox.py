@@ -1,0 +1,84 @@
+"""Account credentials at rest: Fernet (``cryptography``), keys from CHATQ_SECRETS_KEY or
+CHATQ_SECRETS_KEY_FILE, comma-separated. The first key encrypts; every key decrypts, so a
+rotation is: put the new key first and keep the old one after it, let ``chatq accounts
+rotate-key`` re-encrypt every account, then drop the old key. A key file is read again at
+each accounts refresh: a rotation needs no restart."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+
+class SecretsUnavailable(Exception):
+    """No key is configured, or none of the keys opens a stored value."""
+
+
+def parse_keys(text: str) -> list[Fernet]:
+    """Fernet keys from comma-separated text; ValueError (without the key) when one is not
+    a key (32 bytes, url-safe base64)."""
+    parts = [p.strip() for p in text.replace("\n", ",").split(",") if p.strip()]
+    if not parts:
+        raise ValueError("SECRETS_KEY holds no key")
+    keys = []
+    for number, part in enumerate(parts, start=1):
+        try:
+            keys.append(Fernet(part.encode()))
+        except (ValueError, TypeError):
+            raise ValueError(
+                f"SECRETS_KEY: key {number} is not a Fernet key (32 bytes, url-safe base64); make one "
+                "with: python3 -c 'from cryptography.fernet import Fernet; print(Fernet.generate_key().decode())'"
+            ) from None
+    return keys
+
+
+class SecretBox:
+    """Encrypts and decrypts account credentials (a dict of strings)."""
+
+    def __init__(self, keys: str | None = None, key_file: str | None = None) -> None:
+        self._inline = keys
+        self._file = key_file
+        self._fernet: MultiFernet | None = None
+        self.reload()
+
+    def reload(self) -> None:
+        """Read the keys again (the key file may have changed: a rotation)."""
+        text = self._inline
+        if self._file:
+            try:
+                text = Path(self._file).read_text()
+            except OSError as exc:
+                if self._fernet is not None:
+                    return  # keep the keys in use; the file is being replaced
+                raise SecretsUnavailable(f"cannot read SECRETS_KEY_FILE: {exc.strerror}") from None
+        self._fernet = MultiFernet(parse_keys(text)) if text else None
+
+    @property
+    def configured(self) -> bool:
+        return self._fernet is not None
+
+    def _require(self) -> MultiFernet:
+        if self._fernet is None:
+            raise SecretsUnavailable(
+                "accounts with their own credentials need CHATQ_SECRETS_KEY (or CHATQ_SECRETS_KEY_FILE)"
+            )
+        return self._fernet
+
+    def seal(self, credentials: dict[str, str]) -> bytes:
+        return self._require().encrypt(json.dumps(credentials, sort_keys=True).encode())
+
+    def open(self, token: bytes) -> dict[str, str]:
+        try:
+            value = json.loads(self._require().decrypt(bytes(token)))
+        except InvalidToken:
+            raise SecretsUnavailable("no configured SECRETS_KEY opens the stored credentials") from None
+        return {str(k): str(v) for k, v in value.items()}
+
+    def rotate(self, token: bytes) -> bytes:
+        """The same credentials under the first key."""
+        try:
+            return self._require().rotate(bytes(token))
+        except InvalidToken:
+            raise SecretsUnavailable("no configured SECRETS_KEY opens the stored credentials") from None

@@ -1,0 +1,104 @@
+"""Fair share (issue 21): one account's flood of 5,000 messages does not delay another
+account's single message beyond its usual time.
+
+Two mechanisms, chosen from measurements (README "Many accounts"): the coalescer keeps at
+most ACCOUNT_JOBS_IN_FLIGHT reply jobs of one account emitted and unfinished (the rest of
+its due windows wait in Postgres, so another account's job never queues behind
+thousands), and a window's times count from the message's receipt, so a message filed
+late behind the flood in the inbound queue waits that much less."""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+
+import asyncpg
+import pytest
+
+from shared.settings import Settings
+from tests.conftest import AVITO_SECRET, replace
+from tests.fakes.platforms import FakeWorld
+from tests.support.payloads import avito_webhook, telegram_update
+from tests.support.pipeline import TG, Pipeline
+from tests.support.receiver import running_receiver
+from tests.support.services import running_coalescers, running_responders
+
+pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
+
+FLOOD = 5000
+#: The human-like pause before a reply (the usual time is about this).
+PAUSE = 20.0
+
+
+async def account_b_message(p: Pipeline, n: int) -> dict[str, float]:
+    """One message to account B (the Avito account): when each step happened, in seconds
+    after its receipt (filed, emitted, attempt, replied)."""
+    r = await p.client.post(
+        f"/v1/webhooks/avito/{AVITO_SECRET}", json=avito_webhook(f"b-{n}", chat_id=f"b-{n}", text="price?")
+    )
+    op = r.json()["operation_id"]
+    assert (await p.settled(op, within=PAUSE + 90))["status"] == "replied"
+    steps = await p.pool.fetch(
+        "SELECT e.kind, extract(epoch FROM e.at - o.received_at)::float8 AS t FROM operation_events e"
+        " JOIN operations o ON o.id = e.operation_id WHERE o.id = $1 ORDER BY e.id",
+        uuid.UUID(op),
+    )
+    print(f"\nB's message {n}: " + ", ".join(f"{s['kind']} +{s['t']:.1f}s" for s in steps))
+    return {s["kind"]: s["t"] for s in steps}
+
+
+async def flood(p: Pipeline, count: int) -> None:
+    """``count`` messages to account A (the Telegram bot), each in a chat of its own."""
+    gate = asyncio.Semaphore(32)
+
+    async def post(n: int) -> None:
+        async with gate:
+            r = await p.client.post(
+                "/v1/webhooks/telegram", json=telegram_update(100_000 + n, chat_id=10_000 + n), headers=TG
+            )
+            assert r.status_code == 200
+
+    await asyncio.gather(*(post(n) for n in range(count)))
+
+
+async def test_one_accounts_flood_of_5000_does_not_delay_another_accounts_single_message(
+    fast: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    settings = replace(
+        fast,
+        reply_delay_min_seconds=PAUSE,
+        reply_delay_max_seconds=PAUSE,
+        max_wait_seconds=PAUSE * 3,
+        platform_rate_per_second=20.0,  # the platforms' pace: A's flood takes minutes to answer
+    )
+    async with (
+        running_receiver(settings) as (_, client),
+        running_coalescers(settings),
+        running_responders(settings),
+    ):
+        p = Pipeline(client, pool)
+        usual = await account_b_message(p, 0)
+        started = time.monotonic()
+        await flood(p, FLOOD)
+        posted = time.monotonic() - started
+        flooded = await account_b_message(p, 1)
+        unanswered = await pool.fetchval(
+            "SELECT count(*) FROM operations WHERE platform = 'telegram' AND status <> 'replied'"
+        )
+        in_flight = await pool.fetchval(
+            "SELECT count(*) FROM reply_jobs WHERE platform = 'telegram' AND status IN ('pending', 'processing')"
+        )
+    print(
+        f"\nfair share: B alone {usual['replied']:.2f}s; {FLOOD} messages to A posted in {posted:.1f}s; "
+        f"B right after {flooded['replied']:.2f}s (filed +{flooded['filed']:.1f}s); A then had {unanswered} "
+        f"unanswered, {in_flight} jobs in flight (ACCOUNT_JOBS_IN_FLIGHT={settings.account_jobs_in_flight})"
+    )
+    assert unanswered > FLOOD // 2, "A's flood was still being answered when B was"
+    assert in_flight <= settings.account_jobs_in_flight
+    # B's job waits behind at most ACCOUNT_JOBS_IN_FLIGHT of A's in the responders' queue.
+    assert flooded["attempt"] - flooded["emitted"] <= 2.0
+    # Its pause counts from receipt: answered in its usual time, unless the inbound queue
+    # (FIFO, shared by every account) took longer than the pause to file it behind the
+    # flood; then soon after it was filed (one emission round under this load).
+    assert flooded["replied"] <= max(usual["replied"], flooded["filed"]) + 10.0

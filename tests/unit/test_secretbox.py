@@ -1,0 +1,58 @@
+"""Account credentials at rest: sealed with the first key, opened with any, rotated
+without a restart (a key file is read again), and a bad key named without showing it."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+from cryptography.fernet import Fernet
+from pydantic import ValidationError
+
+from shared.secretbox import SecretBox, SecretsUnavailable
+from shared.settings import Settings
+
+pytestmark = pytest.mark.unit
+
+OLD, NEW = Fernet.generate_key().decode(), Fernet.generate_key().decode()
+CREDENTIALS = {"bot_token": "123:secret-token-value", "webhook_secret": "a-webhook-secret"}
+
+
+def test_credentials_sealed_with_the_old_key_open_after_the_new_key_is_put_first() -> None:
+    sealed = SecretBox(OLD).seal(CREDENTIALS)
+    assert b"secret-token-value" not in sealed
+    both = SecretBox(f"{NEW},{OLD}")
+    assert both.open(sealed) == CREDENTIALS
+    rotated = both.rotate(sealed)
+    assert SecretBox(NEW).open(rotated) == CREDENTIALS
+    with pytest.raises(SecretsUnavailable):
+        SecretBox(OLD).open(rotated)
+
+
+def test_a_key_file_is_read_again_so_a_rotation_needs_no_restart(tmp_path: Path) -> None:
+    keys = tmp_path / "secrets-key"
+    keys.write_text(OLD)
+    box = SecretBox(key_file=str(keys))
+    sealed_new = SecretBox(NEW).seal(CREDENTIALS)
+    with pytest.raises(SecretsUnavailable):
+        box.open(sealed_new)
+    keys.write_text(f"{NEW}\n{OLD}\n")
+    box.reload()
+    assert box.open(sealed_new) == CREDENTIALS
+    keys.unlink()
+    box.reload()  # the file is being replaced: the keys in use stay
+    assert box.open(sealed_new) == CREDENTIALS
+
+
+def test_without_a_key_nothing_is_sealed_and_the_error_says_which_setting() -> None:
+    box = SecretBox(None)
+    assert not box.configured
+    with pytest.raises(SecretsUnavailable, match="CHATQ_SECRETS_KEY"):
+        box.seal(CREDENTIALS)
+
+
+def test_a_secrets_key_that_is_not_a_fernet_key_is_refused_without_showing_it() -> None:
+    with pytest.raises(ValidationError) as refused:
+        Settings(secrets_key=f"{NEW},not-a-key-at-all-but-long-enough")
+    assert "key 2 is not a Fernet key" in str(refused.value)
+    assert "not-a-key-at-all" not in str(refused.value) and NEW not in str(refused.value)
