@@ -163,7 +163,7 @@ async def call(
         await limiter.acquire(f"{platform}:{account_id}")
     started = time.perf_counter()
     try:
-        response = await client.request(method, url, **kwargs)
+        response: Answer = await client.request(method, url, **kwargs)
     except TRANSPORT_ERRORS as exc:
         failure = classify_transport(exc)
         metrics.PLATFORM_SECONDS.labels(platform=platform, outcome=failure.kind.value).observe(
