@@ -22,6 +22,7 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 import asyncpg
+import httpx
 
 from bench.support import RESULTS, add_infra_arguments, drop_database, fresh_database, private_vhost
 from shared.settings import Settings
@@ -59,7 +60,8 @@ def telegram_script(*, chat: str, text: str) -> str:
 
 WRK_SCRIPT = telegram_script(chat="id % 5000", text=TEXT)
 
-# The receiver's statement (services/receiver/intake.py), with pgbench variables.
+# The receiver's one-row statement (services/receiver/intake.py: the operation, its
+# event and its outbox row in one transaction), with pgbench variables.
 PGBENCH_SCRIPT = """
 \\set id random(1, 9000000000000)
 \\set chat random(1, 5000)
@@ -71,6 +73,9 @@ WITH op AS (
             ('{"update_id":' || :id || ',"message":{"message_id":' || :id || ',"from":{"id":' || :chat || ',"is_bot":false,"first_name":"Buyer"},"chat":{"id":' || :chat || ',"type":"private"},"date":1764400000,"text":"TEXT"}}')::json)
     ON CONFLICT DO NOTHING
     RETURNING id, status
+), ev AS (
+    INSERT INTO operation_events (operation_id, kind, detail)
+    SELECT op.id, 'received', 'received and stored' FROM op
 ), ob AS (
     INSERT INTO outbox (exchange, routing_key, message_id, ordering_key, operation_id, body)
     SELECT 'chatq.inbound', 'inbound.telegram', op.id::text, 'telegram:4242:' || :chat, op.id,
@@ -104,6 +109,14 @@ def parse_pgbench(out: str) -> dict[str, float]:
     tps = float(re.search(r"tps = ([\d.]+)", out)[1])  # type: ignore[index]
     lat = re.search(r"latency average = ([\d.]+) ms", out)
     return {"tps": tps, "latency_avg_ms": float(lat[1]) if lat else float("nan")}
+
+
+async def batch_rows(receiver_url: str) -> tuple[float, float]:
+    """The receiver's intake group commit so far: (rows, committed statements)."""
+    async with httpx.AsyncClient() as client:
+        text = (await client.get(f"{receiver_url}/metrics/")).text
+    found = dict(re.findall(r"^chatq_intake_batch_rows_(sum|count) ([\d.e+]+)$", text, re.M))
+    return float(found.get("sum", 0)), float(found.get("count", 0))
 
 
 async def truncate(url: str) -> None:
@@ -208,13 +221,17 @@ async def measure(
         telegram_bot_token="4242:bench",
         database_pool_size=args.connections,
         log_level="WARNING",
+        **({"intake_batch_rows": args.batch_rows} if args.batch_rows else {}),
     )
     receiver = await Receiver(settings).start()
     try:
         wrk(receiver.url, lua, 4, 2)  # warm-up
         # Alternate the two sides so that the machine's drift hits both alike.
         for _ in range(args.rounds):
+            rows_before, commits_before = await batch_rows(receiver.url)
             full = wrk(receiver.url, lua, args.connections, args.seconds)
+            rows_after, commits_after = await batch_rows(receiver.url)
+            full["rows_per_commit"] = (rows_after - rows_before) / max(commits_after - commits_before, 1)
             bench_pg = pgbench(pg_url, pg_name, script, args.connections, args.seconds)
             # Latency at half this round's maximum: paced, each connection pausing between
             # requests so that together they offer about 0.5x the rate just measured.
@@ -244,6 +261,7 @@ async def measure(
         "receiver_rps_median": statistics.median(r["receiver"]["rps"] for r in rounds),
         "receiver_p99_ms_median": statistics.median(r["receiver"]["p99_ms"] for r in rounds),
         "pgbench_tps_median": statistics.median(r["pgbench"]["tps"] for r in rounds),
+        "rows_per_commit_median": statistics.median(r["receiver"]["rows_per_commit"] for r in rounds),
         "light_rps_median": statistics.median(r["receiver_light"]["rps"] for r in rounds),
         "light_share_median": statistics.median(
             r["receiver_light"]["rps"] / r["receiver"]["rps"] for r in rounds
@@ -261,6 +279,7 @@ def main() -> None:
     parser.add_argument("--connections", type=int, default=32)
     parser.add_argument("--seconds", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--batch-rows", type=int, help="CHATQ_INTAKE_BATCH_ROWS (1: no group commit)")
     add_infra_arguments(parser)
     args = parser.parse_args()
     result = asyncio.run(run(args))
@@ -269,7 +288,7 @@ def main() -> None:
         rc, pg, lt = r["receiver"], r["pgbench"], r["receiver_light"]
         print(
             f"  round {i}: receiver {rc['rps']:7.0f} req/s p99 {rc['p99_ms']:6.1f} ms | pgbench {pg['tps']:7.0f} tps"
-            f" | ratio {rc['rps'] / pg['tps']:.2f} | paced, {result['light_connections']} conns: {lt['rps']:6.0f} req/s"
+            f" | ratio {rc['rps'] / pg['tps']:.2f} | {rc['rows_per_commit']:.1f} rows/commit | paced, {result['light_connections']} conns: {lt['rps']:6.0f} req/s"
             f" p99 {lt['p99_ms']:5.1f} ms"
         )
     print(

@@ -21,6 +21,11 @@ WEBHOOK_SECONDS = Histogram(
     ["platform"],
     buckets=LATENCY_BUCKETS,
 )
+INTAKE_BATCH_ROWS = Histogram(
+    "chatq_intake_batch_rows",
+    "Webhook rows written by one committed intake statement (group commit).",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 OPERATIONS = Counter(
     "chatq_operations_total",
     "Operations reaching a final state, by outcome (replied, failed, needs_review, ignored).",

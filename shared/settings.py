@@ -117,6 +117,9 @@ class Settings(BaseSettings):
 
     database_url: SecretStr = SecretStr(LOCAL_DATABASE_URL)
     database_pool_size: int = Field(default=10, ge=1, le=200)
+    # Intake group commit: concurrent webhooks written in one statement (1: one each).
+    intake_batch_rows: int = Field(default=64, ge=1, le=1000)
+    intake_batch_window_ms: float = Field(default=2.0, ge=0, le=50)
     amqp_url: SecretStr = SecretStr(LOCAL_AMQP_URL)
     migrate_on_start: bool = True
 

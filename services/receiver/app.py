@@ -37,7 +37,7 @@ from shared.settings import Settings
 from . import accounts_api, pages, sandbox
 from . import admin as admin_api
 from .errors import ApiError, install_error_handlers
-from .intake import Intake, Stored, parse_json, store
+from .intake import Intake, IntakeBatcher, Stored, parse_json
 from .limits import BodySizeLimit
 from .openapi import json_body
 from .recovery import AvitoRecovery
@@ -54,6 +54,8 @@ class Runtime:
     broker: BrokerConnection
     relay: Relay | None
     accounts: AccountRegistry
+    #: Intake group commit: the webhooks' rows written together.
+    intake: IntakeBatcher
     #: The Avito poller (AVITO_POLL_SECONDS); None when off.
     recovery: AvitoRecovery | None = None
 
@@ -116,7 +118,13 @@ class ReceiverApps:
             "backlog gauges",
             lambda: _refresh_backlog_gauges(pool, per_account=settings.metrics_account_label),
         )
-        runtime = Runtime(pool, broker, relay, accounts)
+        intake = IntakeBatcher(
+            pool, window_seconds=settings.intake_batch_window_ms / 1000, max_rows=settings.intake_batch_rows
+        )
+        # Closed after the HTTP servers (declared later) and before the pool: what waits
+        # is written.
+        parts.closing("intake batches", intake)
+        runtime = Runtime(pool, broker, relay, accounts, intake)
         if settings.avito_poll_seconds > 0 and settings.avito_client_id and settings.avito_client_secret:
             http, runtime.recovery = _avito_recovery(settings, pool, relay)
             parts.closing("Avito poll client", http)
@@ -206,9 +214,9 @@ def _webhook_routes(settings: Settings) -> APIRouter:
             seen.add((platform, intake.account_id))
         takeover = account.override("takeover_seconds") if account is not None else None
         hold = settings.takeover_seconds if takeover is None else takeover
-        stored = await store(request.app.state.pool, intake, hold_seconds=hold)
-        fault_point("receiver.after_commit")
         runtime: Runtime = request.app.state.runtime
+        stored = await runtime.intake.store(intake, hold_seconds=hold)
+        fault_point("receiver.after_commit")
         if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":
             runtime.relay.notify()
         # An edit's fate is decided as it is stored: read the stored status.

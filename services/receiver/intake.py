@@ -14,7 +14,9 @@ is refused.
 
 from __future__ import annotations
 
+import asyncio
 import json
+import logging
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -22,9 +24,12 @@ from datetime import UTC, datetime
 import asyncpg
 from prometheus_client import Counter
 
+from shared import metrics
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 
 from .errors import ApiError
+
+logger = logging.getLogger(__name__)
 
 TAKEOVERS = Counter(
     "chatq_seller_takeovers_total",
@@ -105,6 +110,23 @@ class Stored:
     duplicate: bool
 
 
+# What both intake statements write after the operation: its event, and (in ``ob``) for
+# an accepted message its outbox row, whose body is the inbound message built from the
+# row as stored.
+_EVENT_AND_OUTBOX = """), ev AS (
+    INSERT INTO operation_events (operation_id, kind, detail)
+    SELECT op.id, CASE WHEN op.status = 'ignored' THEN 'ignored' ELSE 'received' END,
+           CASE WHEN op.status = 'ignored' THEN 'stored; not for the bot: ' || op.status_reason
+                ELSE 'received and stored' END
+    FROM op
+), ob AS ("""
+_INBOUND_BODY = """           convert_to(json_build_object(
+               'schema', 'chatq.inbound.v1', 'operation_id', op.id, 'platform', op.platform,
+               'account_id', op.account_id, 'chat_id', op.chat_id, 'message_id', op.message_id,
+               'author_id', op.author_id, 'text', op.text, 'sent_at', op.sent_at,
+               'received_at', op.received_at)::text, 'UTF8')
+"""
+
 # The inbound message's body is the row as stored, as chatq.inbound.v1 (shared.messages:
 # a test checks that it parses as InboundMessage).
 #
@@ -157,12 +179,7 @@ WITH clock AS (SELECT clock_timestamp() AS now), late AS (
 ), ob AS (
     INSERT INTO outbox (exchange, routing_key, message_id, ordering_key, operation_id, body)
     SELECT $13, $14, op.id::text, chatq_chat_key(op.platform, op.account_id, op.chat_id), op.id,
-           convert_to(json_build_object(
-               'schema', 'chatq.inbound.v1', 'operation_id', op.id, 'platform', op.platform,
-               'account_id', op.account_id, 'chat_id', op.chat_id, 'message_id', op.message_id,
-               'author_id', op.author_id, 'text', op.text, 'sent_at', op.sent_at,
-               'received_at', op.received_at)::text, 'UTF8')
-    FROM op WHERE op.status = 'accepted'
+{_INBOUND_BODY}    FROM op WHERE op.status = 'accepted'
 )
 SELECT id, status FROM op
 """
@@ -188,6 +205,41 @@ op AS (
     SELECT chatq_seller_wrote($2, $3, $5, $6, op.sent_at, $12) AS answered FROM op, echo WHERE NOT echo.yes
 )
 SELECT op.id, op.status, (SELECT answered FROM seller) AS answered FROM op
+"""
+
+# Group commit: the rows of concurrent webhooks in one statement and one transaction, the
+# same writes as _STORE_SQL for each (edits and the seller's messages, which read state
+# as they store, keep the one-row statements). Each row's receipt time is its own
+# clock_timestamp(), taken in arrival order; the outbox rows follow that order.
+_STORE_BATCH_SQL = f"""
+WITH rows AS (
+    SELECT r.*, clock_timestamp() AS now
+    FROM unnest($1::uuid[], $2::text[], $3::text[], $4::text[], $5::text[], $6::text[], $7::text[],
+                $8::text[], $9::timestamptz[], $10::text[], $11::text[], $12::text[], $13::text[],
+                $14::text[])
+         WITH ORDINALITY AS r(id, platform, account_id, event_id, chat_id, message_id, author_id, text,
+                              sent_at, status, status_reason, payload, business_connection_id,
+                              routing_key, ord)
+    ORDER BY r.ord
+), op AS (
+    INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id,
+                            author_id, text, sent_at, status, status_reason, received_at, payload,
+                            business_connection_id)
+    SELECT id, platform, account_id, event_id, chat_id, message_id, author_id, text,
+           CASE WHEN sent_at IS NULL OR sent_at > now + interval '{FUTURE_TOLERANCE_SECONDS} seconds'
+                THEN now ELSE sent_at END,
+           status, status_reason, now, payload::json, business_connection_id
+    FROM rows ORDER BY ord
+    ON CONFLICT DO NOTHING
+    RETURNING id, platform, account_id, chat_id, message_id, author_id, text, sent_at, received_at, status,
+              status_reason
+{_EVENT_AND_OUTBOX}
+    INSERT INTO outbox (exchange, routing_key, message_id, ordering_key, operation_id, body)
+    SELECT $15, rows.routing_key, op.id::text, chatq_chat_key(op.platform, op.account_id, op.chat_id), op.id,
+{_INBOUND_BODY}    FROM op JOIN rows USING (id) WHERE op.status = 'accepted'
+    ORDER BY rows.ord
+)
+SELECT id, status FROM op
 """
 
 _EXISTING_SQL = """
@@ -248,6 +300,103 @@ async def store(
     if row is not None:
         return Stored(row["id"], row["status"], duplicate=False)
     return await _existing(pool, intake, recovered=recovered)
+
+
+class IntakeBatcher:
+    """Group commit for the webhooks: what arrives within ``window_seconds`` of the first
+    waiting row, or ``max_rows`` rows, is written in one statement and one transaction
+    (``_STORE_BATCH_SQL``). Each caller gets its own answer only after the batch
+    committed, with its own operation id and duplicate flag. If the batch statement fails
+    (a row Postgres refuses, a deadlock between two batches, a lost connection), every row
+    of it is stored again alone: a bad row fails only its own request.
+
+    Edits and messages the seller wrote read the chat's state as they are stored; they
+    keep the one-row statements. ``max_rows`` 1 turns batching off."""
+
+    def __init__(self, pool: asyncpg.Pool, *, window_seconds: float, max_rows: int) -> None:
+        self.pool = pool
+        self.window_seconds = window_seconds
+        self.max_rows = max_rows
+        self._waiting: list[tuple[Intake, uuid.UUID, asyncio.Future[Stored | None]]] = []
+        self._timer: asyncio.TimerHandle | None = None
+        self._flushing: set[asyncio.Task[None]] = set()
+        #: Batch statements committed and the rows they wrote (also in /metrics).
+        self.batches = 0
+        self.rows = 0
+
+    async def store(self, intake: Intake, *, hold_seconds: float = 0) -> Stored:
+        if self.max_rows <= 1 or intake.written_by_seller or intake.is_edit:
+            return await store(self.pool, intake, hold_seconds=hold_seconds)
+        future: asyncio.Future[Stored | None] = asyncio.get_running_loop().create_future()
+        self._waiting.append((intake, uuid.uuid4(), future))
+        if len(self._waiting) >= self.max_rows:
+            self._flush()
+        elif self._timer is None:
+            self._timer = asyncio.get_running_loop().call_later(self.window_seconds, self._flush)
+        # The batch runs in a task of its own: a caller that goes away does not cancel it.
+        stored = await asyncio.shield(future)
+        return stored if stored is not None else await _existing(self.pool, intake)
+
+    def _flush(self) -> None:
+        if self._timer is not None:
+            self._timer.cancel()
+            self._timer = None
+        batch, self._waiting = self._waiting, []
+        if batch:
+            task = asyncio.create_task(self._write(batch), name="intake-batch")
+            self._flushing.add(task)
+            task.add_done_callback(self._flushing.discard)
+
+    async def _write(self, batch: list[tuple[Intake, uuid.UUID, asyncio.Future[Stored | None]]]) -> None:
+        try:
+            rows = await self.pool.fetch(
+                _STORE_BATCH_SQL,
+                [op_id for _, op_id, _ in batch],
+                *(
+                    [getattr(i, field) for i, _, _ in batch]
+                    for field in ("platform", "account_id", "event_id", "chat_id", "message_id", "author_id")
+                ),
+                [i.text for i, _, _ in batch],
+                [i.sent_at for i, _, _ in batch],
+                ["ignored" if i.ignored_reason else "accepted" for i, _, _ in batch],
+                [i.ignored_reason for i, _, _ in batch],
+                [i.payload for i, _, _ in batch],
+                [i.business_connection_id for i, _, _ in batch],
+                [inbound_routing_key(i.platform) for i, _, _ in batch],
+                INBOUND_EXCHANGE,
+            )
+        except Exception as exc:  # each row again, alone, decides its own fate
+            logger.info("a batch of %d webhooks failed (%s): storing each alone", len(batch), exc)
+            await asyncio.gather(*(self._alone(intake, future) for intake, _, future in batch))
+            return
+        self.batches += 1
+        self.rows += len(batch)
+        metrics.INTAKE_BATCH_ROWS.observe(len(batch))
+        stored = {row["id"]: row["status"] for row in rows}
+        for _, op_id, future in batch:
+            if future.done():
+                continue
+            status = stored.get(op_id)
+            # None: a row of this key was already stored (or stored earlier in this batch).
+            future.set_result(Stored(op_id, status, duplicate=False) if status is not None else None)
+
+    async def _alone(self, intake: Intake, future: asyncio.Future[Stored | None]) -> None:
+        try:
+            result = await store(self.pool, intake)
+        except BaseException as exc:  # handed to the caller waiting for it
+            if not future.done():
+                future.set_exception(exc)
+            if not isinstance(exc, Exception):
+                raise
+            return
+        if not future.done():
+            future.set_result(result)
+
+    async def aclose(self) -> None:
+        """Write what is waiting and wait for every batch in flight."""
+        self._flush()
+        while self._flushing:
+            await asyncio.gather(*self._flushing, return_exceptions=True)
 
 
 async def _store_seller(pool: asyncpg.Pool, intake: Intake, hold_seconds: float) -> Stored:

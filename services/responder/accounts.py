@@ -11,14 +11,13 @@ import contextlib
 from collections.abc import Mapping
 
 import asyncpg
-import httpx
 
 from shared.accounts import Account, AccountRegistry
 from shared.settings import Settings
 
 from .llm import SYSTEM_PROMPT, FactsWriter, OpenAIWriter, ReplyWriter, facts_text
 from .platforms.avito import AvitoPlatform, AvitoToken
-from .platforms.base import Platform
+from .platforms.base import HttpClient, Platform
 from .platforms.generic import GenericPlatform
 from .platforms.sandbox import SandboxPlatform
 from .platforms.telegram import TelegramPlatform
@@ -52,7 +51,7 @@ class AccountPlatforms:
     def __init__(
         self,
         settings: Settings,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         pool: asyncpg.Pool,
         registry: AccountRegistry | None,
         environment: Mapping[str, Platform],
@@ -123,7 +122,7 @@ class AccountPlatforms:
 
 
 def build_environment_platforms(
-    settings: Settings, client: httpx.AsyncClient, pool: asyncpg.Pool, limiter: AccountRateLimiter
+    settings: Settings, client: HttpClient, pool: asyncpg.Pool, limiter: AccountRateLimiter
 ) -> dict[str, Platform]:
     """Every platform whose reply credentials the environment configures, and the sandbox."""
     platforms: dict[str, Platform] = {}

@@ -22,15 +22,16 @@ from shared.settings import Settings
 
 from .accounts import AccountPlatforms, AccountWriters, build_environment_platforms, build_writer
 from .handler import Responder
+from .http import PlatformHttp
 from .idempotency import JobStore
 from .listings import Listings
-from .platforms.base import Platform
+from .platforms.base import HttpClient, Platform
 from .ratelimit import AccountRateLimiter
 
 logger = logging.getLogger(__name__)
 
 
-def build_platforms(settings: Settings, client: httpx.AsyncClient, pool: asyncpg.Pool) -> dict[str, Platform]:
+def build_platforms(settings: Settings, client: HttpClient, pool: asyncpg.Pool) -> dict[str, Platform]:
     """Every platform whose reply credentials the environment configures, and the sandbox."""
     limiter = AccountRateLimiter(settings.platform_rate_per_second)
     return build_environment_platforms(settings, client, pool, limiter)
@@ -61,19 +62,19 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     timeout = httpx.Timeout(
         settings.platform_timeout_seconds, connect=min(5.0, settings.platform_timeout_seconds)
     )
-    client = parts.closing(
-        "platform client",
-        httpx.AsyncClient(
-            timeout=timeout, limits=httpx.Limits(max_connections=settings.responder_concurrency * 2)
-        ),
+    # Platform calls through aiohttp (services/responder/http.py says why); the rare alert
+    # posts keep httpx.
+    platform_http = parts.closing(
+        "platform client", PlatformHttp(timeout, max_connections=settings.responder_concurrency * 2)
     )
+    client = parts.closing("alert client", httpx.AsyncClient(timeout=timeout))
     registry = AccountRegistry.from_settings(pool, settings)
     await registry.start()
     parts.closing("accounts", registry)
     limiter = AccountRateLimiter(settings.platform_rate_per_second)
-    environment = build_environment_platforms(settings, client, pool, limiter)
+    environment = build_environment_platforms(settings, platform_http, pool, limiter)
     platforms = parts.closing(
-        "account platforms", AccountPlatforms(settings, client, pool, registry, environment, limiter)
+        "account platforms", AccountPlatforms(settings, platform_http, pool, registry, environment, limiter)
     )
     metrics.create_known_series("responder", platforms.names())
     writer = parts.closing("reply writer", AccountWriters(settings, registry, build_writer(settings)))

@@ -21,6 +21,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass
 
+import aiohttp
 import httpx
 import openai
 
@@ -63,15 +64,38 @@ def classify_status(
     return Failure(Kind.PERMANENT, text)
 
 
-def classify_transport(exc: httpx.HTTPError) -> Failure:
-    """A request that got no answer. Before the request was sent: transient. After: unknown."""
+#: No answer, and the request never left: nothing can have happened on the platform.
+#: (aiohttp: connecting failed, or timed out waiting for a connection or connecting.)
+_NOT_SENT = (
+    httpx.ConnectError,
+    httpx.ConnectTimeout,
+    httpx.PoolTimeout,
+    httpx.WriteTimeout,
+    httpx.WriteError,
+    aiohttp.ClientConnectorError,
+    aiohttp.ConnectionTimeoutError,
+)
+#: The request was sent and its answer lost: a read timeout, a reset or a disconnect.
+_ANSWER_LOST = (
+    httpx.ReadTimeout,
+    httpx.ReadError,
+    httpx.RemoteProtocolError,
+    aiohttp.SocketTimeoutError,
+    aiohttp.ServerDisconnectedError,
+    aiohttp.ClientOSError,
+    aiohttp.ClientPayloadError,
+)
+#: What the platform client raises when a request gets no answer (``platforms.base.call``).
+TRANSPORT_ERRORS = (httpx.HTTPError, aiohttp.ClientError, TimeoutError)
+
+
+def classify_transport(exc: BaseException) -> Failure:
+    """A request that got no answer. Before the request was sent: transient. After (or
+    when it cannot be told): unknown."""
     name = type(exc).__name__
-    if isinstance(
-        exc,
-        httpx.ConnectError | httpx.ConnectTimeout | httpx.PoolTimeout | httpx.WriteTimeout | httpx.WriteError,
-    ):
+    if isinstance(exc, _NOT_SENT):
         return Failure(Kind.TRANSIENT, f"could not reach the platform ({name})")
-    if isinstance(exc, httpx.ReadTimeout | httpx.ReadError | httpx.RemoteProtocolError):
+    if isinstance(exc, _ANSWER_LOST):
         return Failure(Kind.UNKNOWN, f"request sent but the answer was lost ({name})")
     return Failure(Kind.UNKNOWN, f"request failed ({name}: {exc})")
 

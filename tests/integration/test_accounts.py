@@ -59,11 +59,15 @@ async def test_a_revoked_bot_token_pauses_the_account_once_and_every_reply_goes_
             ),
             what="the account paused",
         )
-        # The replies wait; none fails, whatever the retry tiers did meanwhile.
+        # The replies wait; none fails, whatever the retry tiers did meanwhile: each is in a
+        # job held for the account, or (filed after its chat's job was emitted) in the
+        # chat's window behind that job.
         await wait_for(
             lambda: pool.fetchval(
-                "SELECT count(*) = 50 FROM operations o JOIN reply_jobs j ON j.id = o.job_id"
-                " WHERE j.error_kind = 'account'"
+                "SELECT count(*) = 50 FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id"
+                " WHERE j.error_kind = 'account' OR (o.job_id IS NULL AND o.status = 'waiting'"
+                "   AND EXISTS (SELECT 1 FROM reply_jobs b WHERE b.chat_key = chatq_chat_key(o.platform,"
+                "               o.account_id, o.chat_id) AND b.error_kind = 'account'))"
             ),
             within=30,
             what="all 50 waiting for the account",

@@ -190,3 +190,66 @@ async def test_health_readiness_and_metrics_answer(settings) -> None:
 async def _ready(client) -> bool:
     doc = (await client.get("/readyz")).json()
     return doc["status"] == "ok"
+
+
+async def test_concurrent_webhooks_are_committed_together_and_each_gets_its_own_operation(
+    settings, pool: asyncpg.Pool
+) -> None:
+    updates = [telegram_update(7000 + n, chat_id=100 + n % 5, message_id=n + 1) for n in range(40)]
+    async with running_receiver(replace(settings, relay_enabled=False)) as (receiver, client):
+        # The 41st is a repeat of the first, in the same burst.
+        responses = await asyncio.gather(
+            *(client.post("/v1/webhooks/telegram", json=u, headers=TG) for u in [*updates, updates[0]])
+        )
+        intake = receiver.public.state.runtime.intake
+    assert [r.status_code for r in responses] == [200] * 41
+    docs = [r.json() for r in responses]
+    assert len({d["operation_id"] for d in docs[:40]}) == 40
+    assert docs[40]["operation_id"] == docs[0]["operation_id"]
+    assert sorted([docs[0]["duplicate"], docs[40]["duplicate"]]) == [False, True]
+    assert not any(d["duplicate"] for d in docs[1:40])
+    # Each answer names the operation of its own message.
+    stored = dict(await pool.fetch("SELECT id::text, message_id FROM operations"))
+    assert {d["operation_id"]: stored[d["operation_id"]] for d in docs[:40]} == {
+        d["operation_id"]: str(n + 1) for n, d in enumerate(docs[:40])
+    }
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 40
+    assert await pool.fetchval("SELECT count(*) FROM operation_events WHERE kind = 'received'") == 40
+    # The outbox, which the relay publishes in id order, follows the order of receipt.
+    assert await pool.fetchval(
+        "SELECT array_agg(o.operation_id ORDER BY o.id) = array_agg(o.operation_id ORDER BY t.received_at)"
+        " FROM outbox o JOIN operations t ON t.id = o.operation_id"
+    )
+    assert intake.rows == 41
+    assert intake.batches < intake.rows / 4, "the burst was written in a few statements, not one each"
+
+
+async def test_a_row_postgres_refuses_fails_only_its_own_request_not_the_rest_of_its_batch(
+    settings, pool: asyncpg.Pool
+) -> None:
+    await pool.execute(
+        "ALTER TABLE operations ADD CONSTRAINT test_poison CHECK (text IS DISTINCT FROM 'poison') NOT VALID"
+    )
+    updates = [
+        telegram_update(8000 + n, chat_id=200 + n, text="poison" if n == 5 else "fine") for n in range(12)
+    ]
+    try:
+        # A wide window: the twelve surely share a batch.
+        wide = replace(settings, relay_enabled=False, intake_batch_window_ms=50)
+        async with running_receiver(wide) as (receiver, client):
+            results = await asyncio.gather(
+                *(client.post("/v1/webhooks/telegram", json=u, headers=TG) for u in updates),
+                return_exceptions=True,
+            )
+            intake = receiver.public.state.runtime.intake
+    finally:
+        await pool.execute("ALTER TABLE operations DROP CONSTRAINT test_poison")
+    poison = results.pop(5)
+    # The in-process transport re-raises what the app answered with a 500.
+    assert isinstance(poison, asyncpg.CheckViolationError) or poison.status_code == 500
+    assert [r.status_code for r in results] == [200] * 11
+    assert not any(r.json()["duplicate"] for r in results)
+    assert await pool.fetchval("SELECT array_agg(DISTINCT text) FROM operations") == ["fine"]
+    assert await pool.fetchval("SELECT count(*) FROM operations") == 11
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 11
+    assert intake.batches == 0, "the failed batch committed nothing; its rows were stored one by one"

@@ -14,11 +14,10 @@ import time
 from typing import Any, TypeGuard
 
 import asyncpg
-import httpx
 
 from ..failures import Failure, Kind
 from ..ratelimit import AccountRateLimiter
-from .base import Attempts, Listing, Sent, SentQuery, TooEarly, call, raise_for
+from .base import Answer, Attempts, HttpClient, Listing, Sent, SentQuery, TooEarly, call, raise_for
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +45,7 @@ class AvitoToken:
         api_base: str,
         client_id: str,
         client_secret: str,
-        client: httpx.AsyncClient,
+        client: HttpClient,
         pool: asyncpg.Pool | None = None,
     ) -> None:
         self._url = f"{api_base.rstrip('/')}/token"
@@ -154,7 +153,7 @@ class AvitoPlatform:
     can_reconcile = True
 
     def __init__(
-        self, api_base: str, token: AvitoToken, client: httpx.AsyncClient, limiter: AccountRateLimiter
+        self, api_base: str, token: AvitoToken, client: HttpClient, limiter: AccountRateLimiter
     ) -> None:
         self._base = api_base.rstrip("/")
         self._token = token
@@ -164,7 +163,7 @@ class AvitoPlatform:
 
     async def _authorized(
         self, account_id: str, method: str, url: str, *, refresh: bool = True, **kwargs: object
-    ) -> httpx.Response:
+    ) -> Answer:
         """The request with the account's token; ``refresh``: once more with a fresh token
         when Avito refuses this one (a call that may do without skips it)."""
         stale: str | None = None
@@ -326,7 +325,7 @@ class AvitoPlatform:
         return None
 
 
-def _detail(response: httpx.Response) -> str:
+def _detail(response: Answer) -> str:
     if response.is_success:
         return ""
     try:
@@ -385,7 +384,7 @@ def listing_of(chat: object) -> Listing | None:
     )
 
 
-def _json(response: httpx.Response, what: str) -> Any:
+def _json(response: Answer, what: str) -> Any:
     try:
         return response.json()
     except ValueError:

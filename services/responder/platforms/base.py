@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
@@ -12,7 +13,7 @@ import httpx
 
 from shared import metrics
 
-from ..failures import Failure, classify_status, classify_transport
+from ..failures import TRANSPORT_ERRORS, Failure, classify_status, classify_transport
 from ..ratelimit import AccountRateLimiter
 
 
@@ -117,23 +118,53 @@ class Platform(Protocol):
     async def aclose(self) -> None: ...
 
 
+class Answer(Protocol):
+    """What the adapters read of an HTTP answer: ``httpx.Response`` or ``http.Reply``."""
+
+    status_code: int
+
+    @property
+    def headers(self) -> Mapping[str, str]: ...
+
+    @property
+    def is_success(self) -> bool: ...
+
+    @property
+    def text(self) -> str: ...
+
+    def json(self) -> Any: ...
+
+
+class HttpClient(Protocol):
+    """The platform calls' client: ``http.PlatformHttp`` (aiohttp) in the service, or an
+    ``httpx.AsyncClient`` (tests use its MockTransport)."""
+
+    @property
+    def timeout(self) -> httpx.Timeout: ...
+
+    @property
+    def request(self) -> Callable[..., Awaitable[Any]]:
+        """``request(method, url, json=, content=, data=, headers=, params=)``: the answer."""
+        ...
+
+
 async def call(
-    client: httpx.AsyncClient,
+    client: HttpClient,
     limiter: AccountRateLimiter | None,
     platform: str,
     account_id: str,
     method: str,
     url: str,
     **kwargs: Any,
-) -> httpx.Response:
+) -> Answer:
     """One platform request: paced per account, timed, transport errors classified.
     HTTP error statuses are returned for the adapter to read."""
     if limiter is not None:
         await limiter.acquire(f"{platform}:{account_id}")
     started = time.perf_counter()
     try:
-        response = await client.request(method, url, **kwargs)
-    except httpx.HTTPError as exc:
+        response: Answer = await client.request(method, url, **kwargs)
+    except TRANSPORT_ERRORS as exc:
         failure = classify_transport(exc)
         metrics.PLATFORM_SECONDS.labels(platform=platform, outcome=failure.kind.value).observe(
             time.perf_counter() - started
@@ -160,7 +191,7 @@ LIMITED_BACKOFF_SECONDS = (5.0, 20.0)
 SPENT_WINDOW_SECONDS = (30.0, 60.0)
 
 
-def rate_limit_spent(response: httpx.Response) -> bool:
+def rate_limit_spent(response: Answer) -> bool:
     """Whether the platform's rate-limit headers say no request is left in this window."""
     remaining = response.headers.get("x-ratelimit-remaining")
     try:
@@ -169,7 +200,7 @@ def rate_limit_spent(response: httpx.Response) -> bool:
         return False
 
 
-def retry_after_of(response: httpx.Response) -> float | None:
+def retry_after_of(response: Answer) -> float | None:
     try:
         body = response.json()
     except ValueError:
@@ -183,7 +214,7 @@ def retry_after_of(response: httpx.Response) -> float | None:
         return None
 
 
-def raise_for(response: httpx.Response, detail: str = "", *, acts: bool = False) -> None:
+def raise_for(response: Answer, detail: str = "", *, acts: bool = False) -> None:
     """Raise the classified failure of an error answer; ``acts`` for sends (see
     ``classify_status``)."""
     failure: Failure | None = classify_status(

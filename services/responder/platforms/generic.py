@@ -6,12 +6,11 @@ from __future__ import annotations
 import json
 from datetime import UTC, datetime
 
-import httpx
 from standardwebhooks.webhooks import Webhook
 
 from ..failures import Failure, Kind
 from ..ratelimit import AccountRateLimiter
-from .base import Sent, SentQuery, call, raise_for
+from .base import HttpClient, Sent, SentQuery, call, raise_for
 
 
 class GenericPlatform:
@@ -20,9 +19,7 @@ class GenericPlatform:
     idempotent = True
     can_reconcile = False
 
-    def __init__(
-        self, url: str, secret: str | None, client: httpx.AsyncClient, limiter: AccountRateLimiter
-    ) -> None:
+    def __init__(self, url: str, secret: str | None, client: HttpClient, limiter: AccountRateLimiter) -> None:
         self._url = url
         self._signer = Webhook(secret) if secret else None
         self._client = client

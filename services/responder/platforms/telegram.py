@@ -6,11 +6,9 @@ user") is about the chat, and that job fails alone."""
 
 from __future__ import annotations
 
-import httpx
-
 from ..failures import Failure, Kind, classify_status
 from ..ratelimit import AccountRateLimiter
-from .base import Sent, SentQuery, call, retry_after_of
+from .base import HttpClient, Sent, SentQuery, call, retry_after_of
 
 
 class TelegramPlatform:
@@ -19,9 +17,7 @@ class TelegramPlatform:
     idempotent = False
     can_reconcile = False
 
-    def __init__(
-        self, api_base: str, token: str, client: httpx.AsyncClient, limiter: AccountRateLimiter
-    ) -> None:
+    def __init__(self, api_base: str, token: str, client: HttpClient, limiter: AccountRateLimiter) -> None:
         self._base = f"{api_base.rstrip('/')}/bot{token}"
         self._url = f"{self._base}/sendMessage"
         self._client = client
