@@ -423,6 +423,7 @@ def _avito_recovery(
         pool,
         api,
         hold_seconds=settings.takeover_seconds,
+        interval_seconds=settings.avito_poll_seconds,
         notify=relay.notify if relay is not None else (lambda: None),
     )
     return http, recovery

@@ -1,13 +1,14 @@
 """Lost webhooks found again (Avito). Avito delivers webhooks at least once, and some never
 arrive; a buyer whose message was lost would never be answered. So one receiver replica at
 a time (a Postgres advisory lock) reads, every AVITO_POLL_SECONDS and once at start-up,
-each known Avito account's unread chats and their latest messages, and stores every buyer
+each known Avito account's recently updated chats (read or not) and their latest messages, and stores every buyer
 message the inbox does not have through the webhook's own intake: the same rules
 (``avito.message_intake``) and the same dedupe key (account, chat, message id), so a poll
 and a late webhook of one message never make two operations.
 
-Which messages: an unread chat's buyer messages after its latest message from the account
-(our reply or the seller's: what came before is answered), not older than
+Which messages: a chat's buyer messages after the seller's latest message written in person
+(what came before is answered; our own replies answered only what the inbox held, so they
+stop nothing), not older than
 ``RECOVERY_HORIZON_SECONDS``. Which accounts: the Avito accounts the inbox has a message
 of (Avito's Messenger API names no account of its own credentials), except those the
 platform refused (paused: the probe resumes them)."""
@@ -53,6 +54,16 @@ WHERE a.account_id ~ '^[0-9]+$'
                   AND x.state = 'paused_by_platform')
 """
 
+# The ids of the replies we sent to the chat (whole, or in parts): they answered only what
+# the inbox held, so they do not mark the messages before them as answered.
+_OURS = """
+SELECT d.platform_message_id FROM deliveries d JOIN reply_jobs j ON j.id = d.job_id
+WHERE j.chat_key = chatq_chat_key('avito', $1, $2) AND j.status = 'sent' AND d.platform_message_id IS NOT NULL
+UNION
+SELECT p.platform_message_id FROM delivery_parts p JOIN reply_jobs j ON j.id = p.job_id
+WHERE j.chat_key = chatq_chat_key('avito', $1, $2) AND p.platform_message_id IS NOT NULL
+"""
+
 _STORED = """
 SELECT message_id FROM operations
 WHERE platform = 'avito' AND account_id = $1 AND chat_id = $2 AND message_id = ANY($3::text[])
@@ -87,12 +98,17 @@ class AvitoRecovery:
         hold_seconds: float,
         notify: Callable[[], None],
         horizon_seconds: float = RECOVERY_HORIZON_SECONDS,
+        interval_seconds: float = 60.0,
     ) -> None:
         self._pool = pool
         self._api = api
         self._hold_seconds = hold_seconds
         self._notify = notify
         self._horizon = horizon_seconds
+        self._interval = interval_seconds
+        #: Per account, when its last complete round started: the next reads the chats
+        #: updated since then (less a margin for clocks and paging), the first a horizon back.
+        self._last_round: dict[str, float] = {}
 
     async def poll(self) -> int:
         """One round over every known account, by one replica (0 on the others while it
@@ -116,13 +132,17 @@ class AvitoRecovery:
         return recovered
 
     async def _account(self, account_id: str) -> int:
-        since = time.time() - self._horizon
+        started = time.time()
+        since = started - self._horizon
+        last = self._last_round.get(account_id)
+        updated_since = since if last is None else max(since, last - 2 * self._interval - 60)
         recovered = 0
-        for chat in await self._api.unread_chats(account_id):
+        for chat in await self._api.recent_chats(account_id, updated_since):
             chat_id = chat.get("id")
             if not isinstance(chat_id, str) or not chat_id:
                 continue
-            items = await self._api.buyer_messages(account_id, chat_id, since)
+            ours = frozenset(r[0] for r in await self._pool.fetch(_OURS, account_id, chat_id))
+            items = await self._api.buyer_messages(account_id, chat_id, since, ours)
             if not items:
                 continue
             stored = {
@@ -153,4 +173,5 @@ class AvitoRecovery:
                 )
                 if result.status == "accepted":
                     self._notify()
+        self._last_round[account_id] = started
         return recovered

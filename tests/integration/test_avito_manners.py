@@ -129,6 +129,37 @@ async def test_what_came_before_the_accounts_latest_message_is_answered_already(
     assert await pool.fetchval("SELECT count(*) FROM operations WHERE chat_id = 'u2i-old'") == 0
 
 
+async def test_a_lost_message_before_our_reply_to_a_later_one_is_still_found_and_answered(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    # Two buyer messages; only the first one's webhook comes. Our reply to it covers only
+    # what the inbox held, and marks the chat read: neither may hide the lost one.
+    first = world.avito_buyer_writes(ME, "u2i-pair", "Is it available?")
+    lost = world.avito_buyer_writes(ME, "u2i-pair", "And do you deliver to Kazan?")
+    r = await stack.p.client.post(URL, json=first)
+    assert (await stack.p.settled(r.json()["operation_id"]))["status"] == "replied"
+    assert (ME, "u2i-pair") in world.avito_reads
+    assert len(world.replies_to("u2i-pair")) == 1
+
+    assert await stack.poll() == 1
+    op = await operation_of(pool, lost["payload"]["value"]["id"])
+    assert (await stack.p.settled(str(op["id"])))["status"] == "replied"
+    assert len(world.replies_to("u2i-pair")) == 2
+    assert await stack.poll() == 0  # found once
+
+
+async def test_a_chat_the_seller_only_opened_in_the_app_is_still_searched(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    await known_account(stack, world)
+    lost = world.avito_buyer_writes(ME, "u2i-opened", "Can I pick it up today?")
+    world.avito_chats[(ME, "u2i-opened")]["unread"] = False  # read in the app, not answered
+    assert await stack.poll() == 1
+    op = await operation_of(pool, lost["payload"]["value"]["id"])
+    assert (await stack.p.settled(str(op["id"])))["status"] == "replied"
+    assert len(world.replies_to("u2i-opened")) == 1
+
+
 async def test_only_one_replica_polls_at_a_time(stack: Stack, world: FakeWorld, pool: asyncpg.Pool) -> None:
     await known_account(stack, world)
     world.avito_buyer_writes(ME, "u2i-lost", "Do you deliver?")

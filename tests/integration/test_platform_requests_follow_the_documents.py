@@ -116,7 +116,7 @@ async def drive_the_responders_adapters(world: FakeWorld, client: httpx.AsyncCli
     for n in range(105):
         world.add_avito_chat("777", f"u2i-many-{n}", updated=n)
     world.avito_buyer_writes("777", "u2i-chat-1", "Still there?")
-    assert len(await avito.unread_chats("777")) == 105 + 1
+    assert len(await avito.recent_chats("777", 0)) == 105 + 1
     assert [m["content"]["text"] for m in await avito.buyer_messages("777", "u2i-chat-1", 0)] == [
         "Still there?"
     ]

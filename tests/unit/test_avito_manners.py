@@ -178,3 +178,13 @@ def test_system_messages_and_the_accounts_own_are_stored_as_ignored_with_the_rea
     assert intake(kind="image", text=None).ignored_reason == "unsupported message type (image)"
     assert intake().ignored_reason is None
     assert intake(chat_type=None).ignored_reason is None  # the poll does not know the type
+
+
+def test_our_own_reply_answers_nothing_the_inbox_did_not_hold_but_the_sellers_message_does() -> None:
+    ours = {"id": "r1", "author_id": int(ME), "direction": "out", "created": 110}
+    items = [msg("b2", 105), ours, msg("b3", 120), msg("b1", 100)]
+    found, reached = since_last_answer(items, ME, since=0, ours=frozenset({"r1"}))
+    assert [m["id"] for m in found] == ["b1", "b2", "b3"] and reached is False
+    # The same message written by the seller in person answers what came before it.
+    found, reached = since_last_answer(items, ME, since=0)
+    assert [m["id"] for m in found] == ["b3"] and reached is True

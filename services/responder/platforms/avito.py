@@ -266,25 +266,31 @@ class AvitoPlatform:
             return Sent(str(message_id))
         return None
 
-    async def unread_chats(self, account_id: str) -> list[dict[str, Any]]:
-        """The account's unread chats (u2i and u2u), every page, as Avito lists them."""
+    async def recent_chats(self, account_id: str, since: float) -> list[dict[str, Any]]:
+        """The account's chats (u2i and u2u) updated at or after ``since`` (epoch seconds; a
+        chat without ``updated`` is kept), every page, as Avito lists them. Read or unread:
+        a seller who opened a chat in the app has not answered it, and we mark answered chats
+        read ourselves."""
         url = f"{self._base}/messenger/v2/accounts/{account_id}/chats"
         chats: list[dict[str, Any]] = []
         offset: int | None = 0
         while offset is not None:
-            params = {"unread_only": "true", "chat_types": ANSWERED_CHAT_TYPES, "limit": LIST_LIMIT}
+            params = {"chat_types": ANSWERED_CHAT_TYPES, "limit": LIST_LIMIT}
             response = await self._authorized(account_id, "GET", url, params={**params, "offset": offset})
             raise_for(response, _detail(response))
             body = _json(response, "chat list")
             page = _objects(body.get("chats") if isinstance(body, dict) else None, "chat list")
-            chats += page
+            chats += [c for c in page if not _is_time(c.get("updated")) or c["updated"] >= since]
             offset = next_offset(offset, len(page))
         return chats
 
-    async def buyer_messages(self, account_id: str, chat_id: str, since: float) -> list[dict[str, Any]]:
-        """The chat's buyer messages since its latest message from the account (ours or the
-        seller's: what came before it is answered) and not older than ``since`` (epoch
-        seconds), oldest first; paged back until one of the two is reached."""
+    async def buyer_messages(
+        self, account_id: str, chat_id: str, since: float, ours: frozenset[str] = frozenset()
+    ) -> list[dict[str, Any]]:
+        """The chat's buyer messages since the seller's latest message written in person
+        (what came before it is answered) and not older than ``since`` (epoch seconds),
+        oldest first; paged back until one of the two is reached. ``ours``: the ids of the
+        replies we sent, which answer only what the inbox held, so they stop nothing."""
         url = f"{self._base}/messenger/v3/accounts/{account_id}/chats/{chat_id}/messages/"
         items: list[dict[str, Any]] = []
         offset: int | None = 0
@@ -295,7 +301,7 @@ class AvitoPlatform:
             raise_for(response, _detail(response))
             page = _objects(_json(response, "message list"), "message list")
             items += page
-            found, reached = since_last_answer(items, account_id, since)
+            found, reached = since_last_answer(items, account_id, since, ours)
             offset = None if reached else next_offset(offset, len(page))
         return found
 
@@ -351,17 +357,21 @@ def next_offset(offset: int, got: int, limit: int = LIST_LIMIT) -> int | None:
 
 
 def since_last_answer(
-    items: list[dict[str, Any]], account_id: str, since: float
+    items: list[dict[str, Any]], account_id: str, since: float, ours: frozenset[str] = frozenset()
 ) -> tuple[list[dict[str, Any]], bool]:
     """The buyer's messages among ``items`` (a chat's messages, as Avito lists them) that came
-    after the chat's latest message from the account and not before ``since``, oldest
+    after the seller's latest message written in person and not before ``since``, oldest
     first; and whether the items reach back that far (older pages need not be read). A
-    message from the account (direction ``out``, or its author) answers all before it; a
-    message without an id or a time is none we could store."""
+    message from the account (direction ``out``, or its author) that is not one of ``ours``
+    answers all before it. Our own replies do not: the bot wrote them from the inbox, so
+    they never covered a message whose webhook was lost. A message without an id or a time
+    is none we could store."""
     ordered = sorted(items, key=lambda i: i["created"] if _is_time(i.get("created")) else 0, reverse=True)
     found: list[dict[str, Any]] = []
     for item in ordered:
         if item.get("direction") == "out" or str(item.get("author_id")) == account_id:
+            if str(item.get("id")) in ours:
+                continue
             return found[::-1], True
         created = item.get("created")
         if not isinstance(created, int | float) or not _is_time(created) or not item.get("id"):
