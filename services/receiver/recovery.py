@@ -125,6 +125,11 @@ class AvitoRecovery:
                     except Failure as failure:
                         # One account's refusal does not stop the others; the next round asks again.
                         logger.warning("Avito poll of account %s: %s", account_id, failure.reason)
+                    except Exception:
+                        # Nor does anything else one account's answers provoke.
+                        logger.exception(
+                            "Avito poll of account %s failed; the next round asks again", account_id
+                        )
             finally:
                 await conn.execute("SELECT pg_advisory_unlock($1)", POLL_LOCK_KEY)
         if recovered:

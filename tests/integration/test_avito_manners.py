@@ -160,6 +160,27 @@ async def test_a_chat_the_seller_only_opened_in_the_app_is_still_searched(
     assert len(world.replies_to("u2i-opened")) == 1
 
 
+async def test_an_error_polling_one_account_does_not_stop_the_round_for_the_others(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from services.receiver import recovery as module
+
+    await known_account(stack, world)
+    world.avito_buyer_writes(ME, "u2i-after-boom", "Still for sale?")
+    poller = stack.runtime.recovery
+    assert poller is not None
+    monkeypatch.setattr(module, "_KNOWN_ACCOUNTS", f"SELECT unnest(ARRAY['1', '{ME}']) AS account_id")
+    polled = poller._account
+
+    async def breaks_on_the_first(account_id: str) -> int:
+        if account_id == "1":
+            raise RuntimeError("an answer nobody expected")
+        return await polled(account_id)
+
+    monkeypatch.setattr(poller, "_account", breaks_on_the_first)
+    assert await stack.poll() == 1  # account 1 broke; 777's lost message was still found
+
+
 async def test_only_one_replica_polls_at_a_time(stack: Stack, world: FakeWorld, pool: asyncpg.Pool) -> None:
     await known_account(stack, world)
     world.avito_buyer_writes(ME, "u2i-lost", "Do you deliver?")
