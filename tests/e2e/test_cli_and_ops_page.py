@@ -22,7 +22,7 @@ from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import telegram_update
 from tests.support.pipeline import pipeline_settings
-from tests.support.processes import ROOT, Receiver, Worker
+from tests.support.processes import ROOT, Receiver, Worker, run_chatq
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean")]
 
@@ -66,19 +66,7 @@ async def failed_operation(
 async def chatq(
     receiver: Receiver, *args: str, token: str | None = ADMIN_TOKEN
 ) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATQ_")}
-    env["CHATQ_ADMIN_URL"] = receiver.url
-    if token:
-        env["CHATQ_ADMIN_TOKEN"] = token
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "shared.cli", "--env-file", os.devnull, *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-    )
+    return await run_chatq(receiver, *args, token=token)
 
 
 async def test_the_cli_shows_lists_retries_and_resolves_with_exit_codes_scripts_can_use(

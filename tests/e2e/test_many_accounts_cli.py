@@ -11,13 +11,12 @@ import httpx
 import pytest
 from cryptography.fernet import Fernet
 
-from tests.conftest import replace
-from tests.e2e.test_cli_and_ops_page import chatq as run_chatq
+from tests.conftest import ADMIN_TOKEN, replace
 from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook
 from tests.support.pipeline import ADMIN, pipeline_settings
-from tests.support.processes import ROOT, Receiver, Worker
+from tests.support.processes import ROOT, Receiver, Worker, run_chatq
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean")]
 
@@ -42,7 +41,7 @@ async def stack(settings, world: FakeWorld) -> AsyncIterator[Receiver]:
 
 
 async def chatq(receiver: Receiver, transcript: list[str], *args: str) -> str:
-    done = await run_chatq(receiver, *args)
+    done = await run_chatq(receiver, *args, token=ADMIN_TOKEN)
     transcript += [f"$ chatq {' '.join(args)}", done.stdout.rstrip(), done.stderr.rstrip()]
     assert done.returncode == 0, done.stderr
     return done.stdout

@@ -5,12 +5,8 @@ bot's reply, a buyer writing during the hold is stored and shown but not answere
 
 from __future__ import annotations
 
-import asyncio
-import os
 import subprocess
-import sys
 from collections.abc import AsyncIterator
-from pathlib import Path
 
 import asyncpg
 import httpx
@@ -21,11 +17,10 @@ from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook
 from tests.support.pipeline import pipeline_settings
-from tests.support.processes import Receiver, Worker
+from tests.support.processes import Receiver, Worker, run_chatq
 
 pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean")]
 
-ROOT = Path(__file__).resolve().parents[2]
 ADMIN = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
 SELLER = 777  # the Avito account's own user_id: the author of the seller's messages
 CHAT = "e2e-hold"
@@ -74,17 +69,7 @@ async def reaches(receiver: Receiver, operation_id: str, wanted: str, within: fl
 
 
 async def chatq(receiver: Receiver, *args: str) -> subprocess.CompletedProcess[str]:
-    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATQ_")}
-    env |= {"CHATQ_ADMIN_URL": receiver.url, "CHATQ_ADMIN_TOKEN": ADMIN_TOKEN}
-    return await asyncio.to_thread(
-        subprocess.run,
-        [sys.executable, "-m", "shared.cli", *args],
-        capture_output=True,
-        text=True,
-        env=env,
-        cwd=ROOT,
-        timeout=60,
-    )
+    return await run_chatq(receiver, *args, token=ADMIN_TOKEN)
 
 
 async def test_the_seller_writing_in_the_pause_silences_the_bot_until_chatq_hands_the_chat_back(

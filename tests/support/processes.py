@@ -180,3 +180,21 @@ async def run_tool(
         cwd=ROOT,
         timeout=within,
     )
+
+
+async def run_chatq(receiver: Receiver, *args: str, token: str | None) -> subprocess.CompletedProcess[str]:
+    """``chatq ARGS`` in its own process against ``receiver``'s admin API, with ``token`` (none:
+    no token), no CHATQ_ variable of the test run's environment and no ``.env``."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("CHATQ_")}
+    env["CHATQ_ADMIN_URL"] = receiver.admin_url
+    if token:
+        env["CHATQ_ADMIN_TOKEN"] = token
+    return await asyncio.to_thread(
+        subprocess.run,
+        [sys.executable, "-m", "shared.cli", "--env-file", os.devnull, *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        cwd=ROOT,
+        timeout=60,
+    )
