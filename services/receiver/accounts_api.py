@@ -72,10 +72,14 @@ class Overrides(BaseModel):
         return self
 
 
+#: The platforms an account can be of.
+PlatformName = Literal["telegram", "avito", "generic"]
+
+
 class AccountIn(BaseModel):
     model_config = ConfigDict(extra="forbid", hide_input_in_errors=True)
 
-    platform: Literal["telegram", "avito", "generic"]
+    platform: PlatformName
     account_id: str = Field(pattern=_ID, description="Telegram: the bot id; Avito: the user_id")
     name: str = Field(min_length=1, max_length=200)
     credentials: Credentials = Credentials()
@@ -263,7 +267,7 @@ async def rotate_key(request: Request) -> dict[str, Any]:
 
 @router.get("/v1/accounts")
 async def list_accounts(
-    request: Request, platform: str | None = None, removed: bool = False
+    request: Request, platform: PlatformName | None = None, removed: bool = False
 ) -> dict[str, Any]:
     require_admin(request)
     pool: asyncpg.Pool = request.app.state.pool

@@ -193,3 +193,10 @@ async def test_during_a_rotation_both_the_new_and_the_previous_admin_token_work_
 async def test_the_admin_api_refuses_without_the_token(api) -> None:
     assert (await api.get("/v1/stats")).status_code == 401
     assert (await api.post("/v1/operations/00000000-0000-0000-0000-000000000000/retry")).status_code == 401
+
+
+async def test_listing_accounts_of_a_platform_that_does_not_exist_is_a_4xx_not_a_server_error(api) -> None:
+    # Found by the OpenAPI fuzzer: a NUL in the filter reached Postgres and answered 500.
+    r = await api.get("/v1/accounts", params={"platform": "7\n\x00;"}, headers=ADMIN)
+    assert r.status_code == 422
+    assert (await api.get("/v1/accounts", params={"platform": "avito"}, headers=ADMIN)).status_code == 200
