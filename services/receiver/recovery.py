@@ -1,15 +1,15 @@
 """Lost webhooks found again (Avito). Avito delivers webhooks at least once, and some never
 arrive; a buyer whose message was lost would never be answered. So one receiver replica at
 a time (a Postgres advisory lock) reads, every AVITO_POLL_SECONDS and once at start-up,
-each known Avito account's recently updated chats (read or not) and their latest messages, and stores every buyer
-message the inbox does not have through the webhook's own intake: the same rules
+each active Avito account's recently updated chats (read or not) and their latest
+messages, and stores every buyer message the inbox does not have through the webhook's
+own intake: the same rules
 (``avito.message_intake``) and the same dedupe key (account, chat, message id), so a poll
 and a late webhook of one message never make two operations.
 
 Which messages: a chat's buyer messages after the seller's latest message written in person
 (what came before is answered; our own replies answered only what the inbox held, so they
-stop nothing), not older than
-``RECOVERY_HORIZON_SECONDS``.
+stop nothing), not older than ``RECOVERY_HORIZON_SECONDS``.
 
 Which accounts: every Avito account of the account registry (``shared.accounts``, kept
 current by its notifications: one added while the receiver runs is read the next round)
@@ -137,7 +137,8 @@ class AvitoRecovery:
             return 0
         # An account that leaves the round (paused, removed) is read a horizon back when it
         # comes back: what came meanwhile.
-        self._last_round = {a: t for a, t in self._last_round.items() if a in accounts}
+        polled = set(accounts)
+        self._last_round = {a: t for a, t in self._last_round.items() if a in polled}
         async with self._pool.acquire() as conn:
             if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", POLL_LOCK_KEY):
                 return 0
