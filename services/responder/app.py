@@ -79,7 +79,12 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     metrics.create_known_series("responder", platforms.names())
     writer = parts.closing("reply writer", AccountWriters(settings, registry, build_writer(settings)))
     responder = Responder(
-        JobStore(pool, history=settings.history_messages, caps=settings.job_caps()),
+        JobStore(
+            pool,
+            history=settings.history_messages,
+            caps=settings.job_caps(),
+            batch=settings.responder_batch_jobs,
+        ),
         platforms,
         writer,
         Alerter(
