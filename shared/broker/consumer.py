@@ -197,6 +197,7 @@ class Consumer:
             object, dict[int, tuple[AbstractIncomingMessage, asyncio.Future[None] | object | None]]
         ] = {}
         self._acks_due = False
+        self._flushes: set[asyncio.Task[None]] = set()
         #: Acks sent and the messages they settled (what ``multiple`` achieves).
         self.acks_sent = 0
         self.messages_acked = 0
@@ -379,8 +380,13 @@ class Consumer:
         pending[tag] = (message, done)
         if not self._acks_due:
             self._acks_due = True
-            asyncio.get_running_loop().call_soon(lambda: asyncio.ensure_future(self._flush_acks()))
+            asyncio.get_running_loop().call_soon(self._start_flush)
         await done
+
+    def _start_flush(self) -> None:
+        task = asyncio.ensure_future(self._flush_acks())
+        self._flushes.add(task)  # held until done: the loop keeps only a weak reference
+        task.add_done_callback(self._flushes.discard)
 
     async def _flush_acks(self) -> None:
         self._acks_due = False
