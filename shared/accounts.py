@@ -13,7 +13,10 @@ returns only which ones are set.
 The environment's single-account settings (CHATQ_TELEGRAM_BOT_TOKEN, CHATQ_AVITO_CLIENT_ID,
 ...) keep working: at start ``record_environment`` makes (or updates) the Telegram bot's
 row, source 'environment'; an Avito or generic account of the environment gets its row
-with its first message. Their credentials stay in the environment, never in the table.
+with its first message (Avito names the account only there), and at start every Avito
+account the inbox already has messages of and no row (a deployment from before accounts
+were data), so the Avito poll reads it. Their credentials stay in the environment, never
+in the table.
 """
 
 from __future__ import annotations
@@ -350,10 +353,30 @@ def _changed(old: Account, new: Account) -> bool:
     return old != new or old.fingerprint != new.fingerprint
 
 
+# The Avito accounts the inbox has messages of and no row (a skip scan of
+# operations_message_key: one index probe per account), as the environment's.
+_ENVIRONMENT_AVITO = """
+WITH RECURSIVE a AS (
+    (SELECT account_id FROM operations WHERE platform = 'avito' ORDER BY account_id LIMIT 1)
+    UNION ALL
+    SELECT (SELECT o.account_id FROM operations o
+            WHERE o.platform = 'avito' AND o.account_id > a.account_id ORDER BY o.account_id LIMIT 1)
+    FROM a WHERE a.account_id IS NOT NULL
+)
+INSERT INTO accounts (platform, account_id, name, source)
+SELECT 'avito', a.account_id, 'environment', 'environment' FROM a
+WHERE a.account_id ~ '^[0-9]+$'
+ON CONFLICT (platform, account_id) DO NOTHING
+"""
+
+
 async def record_environment(pool: asyncpg.Pool, settings: Settings) -> None:
-    """The environment's single-account settings as an account (made or updated at start):
-    the Telegram bot named by CHATQ_TELEGRAM_BOT_TOKEN. Its credentials stay in the
-    environment. A row a person added (source 'admin') is left as it is."""
+    """The environment's single-account settings as accounts (made or updated at start):
+    the Telegram bot named by CHATQ_TELEGRAM_BOT_TOKEN, and with CHATQ_AVITO_CLIENT_ID the
+    Avito accounts the inbox has messages of but no row. Their credentials stay in the
+    environment. A row a person added (source 'admin') or removed is left as it is."""
+    if settings.avito_client_id and settings.avito_client_secret is not None:
+        await pool.execute(_ENVIRONMENT_AVITO)
     if settings.telegram_bot_token is None:
         return
     await pool.execute(
