@@ -70,10 +70,14 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
             async with httpx.AsyncClient(base_url=receiver.url, timeout=30) as client:
                 started = time.monotonic()
                 gate = asyncio.Semaphore(16)
+                # Each add's latency in the order they were made: the first tenth's against
+                # the last tenth's says whether an add costs more as accounts grow.
+                add_ms: list[float] = []
 
                 async def add(n: int) -> None:
                     bot_id, token, secret = bot(n)
                     async with gate:
+                        sent = time.monotonic()
                         r = await client.post(
                             "/v1/accounts",
                             headers=admin,
@@ -85,6 +89,7 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
                             },
                         )
                         r.raise_for_status()
+                        add_ms.append((time.monotonic() - sent) * 1000)
 
                 await asyncio.gather(*(add(n) for n in range(args.accounts)))
                 added_s = time.monotonic() - started
@@ -176,6 +181,8 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         "chats": chats,
         "messages": chats * args.burst,
         "accounts_added_s": added_s,
+        "add_ms_median_first_tenth": statistics.median(add_ms[: max(1, len(add_ms) // 10)]),
+        "add_ms_median_last_tenth": statistics.median(add_ms[-max(1, len(add_ms) // 10) :]),
         "posted_s": posted_s,
         "answered_s": answered_s,
         "chats_answered": len(replies),
