@@ -5,6 +5,7 @@ which ones are set, and an Avito path secret shows as ``***``."""
 
 from __future__ import annotations
 
+import hmac
 import re
 import secrets
 from typing import Any, Literal
@@ -143,6 +144,14 @@ def _check_credentials(platform: str, account_id: str, credentials: dict[str, st
         )
 
 
+def _is_environments_path(request: Request, secret: str) -> bool:
+    """Whether an Avito path secret is CHATQ_AVITO_WEBHOOK_SECRET: two accounts on one path
+    would take every delivery of the environment's for the added one's (and refuse it)."""
+    settings: Settings = request.app.state.settings
+    env = settings.avito_webhook_secret.get_secret_value() if settings.avito_webhook_secret else None
+    return env is not None and hmac.compare_digest(secret.encode(), env.encode())
+
+
 def account_view(row: asyncpg.Record, credential_names: list[str]) -> dict[str, Any]:
     return {
         "platform": row["platform"],
@@ -205,6 +214,10 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
         if body.platform in ("telegram", "avito") and not credentials.get("webhook_secret"):
             credentials["webhook_secret"] = secrets.token_urlsafe(24)
         _check_credentials(body.platform, body.account_id, credentials)
+        if body.platform == "avito" and _is_environments_path(request, credentials["webhook_secret"]):
+            raise ApiError(
+                409, "webhook_secret_taken", "the environment's Avito account has this webhook secret"
+            )
         overrides = body.overrides.model_dump()
         key = path_key(credentials["webhook_secret"]) if body.platform == "avito" else None
         try:
@@ -240,6 +253,9 @@ async def rotate_key(request: Request) -> dict[str, Any]:
     was put first), so the old key can then be dropped."""
     require_admin(request)
     registry = _registry(request)
+    # The key file read again first: its new first key may have been put there a moment
+    # ago, and sealing again under the old key would lose every account when it is dropped.
+    await registry.refresh()
     if not registry.box.configured:
         raise ApiError(409, "no_secrets_key", "set CHATQ_SECRETS_KEY on every service first")
     pool: asyncpg.Pool = request.app.state.pool
