@@ -170,3 +170,68 @@ async def test_an_account_removed_while_its_reply_is_being_written_sends_nothing
         doc = await p.settled(op, within=20)
     assert world.telegram == [], "a removed account's reply was sent with its wiped credentials"
     assert doc["status"] == "failed" and "was removed" in doc["error"]["message"]
+
+
+async def test_a_generic_account_whose_id_has_a_slash_can_be_shown_paused_and_removed(
+    pipeline: Pipeline, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """The generic webhook takes any account id (a slash too); the admin API must still
+    reach that account (``chatq`` sends the slash as %2F)."""
+    body = dumps({**generic_message("s-1"), "account_id": "shop/1"})
+    r = await pipeline.client.post(
+        "/v1/webhooks/generic", content=body, headers=signed(GENERIC_SECRET, body, webhook_id="s-1")
+    )
+    assert (await pipeline.settled(r.json()["operation_id"]))["status"] == "replied"
+    path = "/v1/accounts/generic/shop%2F1"
+    shown = await pipeline.client.get(path, headers=ADMIN)
+    assert shown.status_code == 200, shown.text
+    assert shown.json()["account_id"] == "shop/1" and shown.json()["numbers"]["failed_share"] == 0.0
+    paused = await pipeline.client.post(f"{path}/pause", json={"reason": "closing"}, headers=ADMIN)
+    assert paused.json()["state"] == "paused_by_person", paused.text
+    assert (await pipeline.client.delete(path, headers=ADMIN)).json()["state"] == "removed"
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="overrides.facts_file is any path on the responder's host, read into the reply writer's "
+    "prompt: the admin API reads the services' files (their environment, the secrets key file)",
+)
+async def test_an_accounts_facts_file_cannot_name_a_file_of_the_services_host(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    async with running(keyed, pool) as p:
+        for path in ("/proc/self/environ", "../../etc/passwd"):
+            r = await p.client.post(
+                "/v1/accounts", json={**BOT2, "overrides": {"facts_file": path}}, headers=ADMIN
+            )
+            assert r.status_code == 422, r.text
+
+
+async def test_text_postgres_cannot_hold_is_refused_by_the_accounts_api_never_a_500(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """Postgres text holds no NUL character: one in an override, a pause reason or the
+    account id of the path is a 4xx that says so, not a database error."""
+    async with running(keyed, pool, BOT2) as p:
+        answers = [
+            await p.client.post("/v1/accounts", json={**BOT2, "overrides": {field: "a\x00b"}}, headers=ADMIN)
+            for field in ("facts", "facts_file", "llm_model", "prompt")
+        ]
+        answers.append(
+            await p.client.post("/v1/accounts/telegram/5151/pause", json={"reason": "a\x00b"}, headers=ADMIN)
+        )
+        for method, path in [
+            ("GET", ""),
+            ("POST", "/pause"),
+            ("POST", "/resume"),
+            ("DELETE", ""),
+        ]:
+            for bad in ("%00", "a%00b"):
+                body = {"reason": "r"} if path == "/pause" else None
+                answers.append(
+                    await p.client.request(
+                        method, f"/v1/accounts/telegram/{bad}{path}", json=body, headers=ADMIN
+                    )
+                )
+        assert [r.status_code // 100 for r in answers] == [4] * len(answers), [r.text for r in answers]
+        assert (await p.client.get("/v1/accounts/telegram/5151", headers=ADMIN)).json()["state"] == "active"
