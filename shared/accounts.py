@@ -38,6 +38,8 @@ from shared.settings import Settings
 logger = logging.getLogger(__name__)
 
 CHANNEL = "chatq_accounts"
+#: How often a process whose listening connection closed tries to listen again.
+RELISTEN_SECONDS = 2.0
 
 #: The per-account overrides of global settings (columns of ``accounts``).
 OVERRIDES = (
@@ -173,6 +175,9 @@ class AccountRegistry:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listener: asyncpg.Connection | None = None
+        #: Listening failed (said once, until it works again); stopping (a close is not a loss).
+        self._unheard = False
+        self._stopping = False
         #: Incremented at each refresh that changed something.
         self.version = 0
         self.rows_read = 0
@@ -295,18 +300,38 @@ class AccountRegistry:
 
     async def start(self) -> None:
         """Read the accounts, then keep them current in the background."""
-        if self._dsn is not None:
-            try:
-                # Its own connection, outside the pool: the pool's size is the work's. It
-                # listens before the first read, so no change falls between the two.
-                self._listener = await asyncpg.connect(self._dsn)
-                await self._listener.add_listener(CHANNEL, self._notified)
-            except (OSError, asyncpg.PostgresError) as exc:
+        # It listens before the first read, so no change falls between the two.
+        await self._listen()
+        await self.refresh()
+        self._task = asyncio.create_task(self._run(), name="accounts-refresh")
+
+    async def _listen(self) -> bool:
+        """LISTEN on a connection of its own, outside the pool (the pool's size is the
+        work's). False when it cannot: the accounts are read every ACCOUNTS_REFRESH_SECONDS,
+        and ``_run`` tries again every RELISTEN_SECONDS."""
+        if self._dsn is None:
+            return False
+        try:
+            listener = await asyncpg.connect(self._dsn, timeout=10)
+            await listener.add_listener(CHANNEL, self._notified)
+        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
+            if not self._unheard:
                 logger.warning(
                     "accounts: no change notifications (%s); reading every %gs", exc, self._refresh_seconds
                 )
-        await self.refresh()
-        self._task = asyncio.create_task(self._run(), name="accounts-refresh")
+            self._unheard = True
+            return False
+        listener.add_termination_listener(self._listener_lost)
+        self._listener, self._unheard = listener, False
+        return True
+
+    def _listener_lost(self, _conn: object) -> None:
+        """The listening connection closed (Postgres restarted, the connection was cut):
+        listen again, and read every account, whose changes may have gone unheard."""
+        if self._listener is not None and not self._stopping:
+            logger.warning("accounts: the connection that listens for changes closed; listening again")
+            self._listener = None
+            self._changed.set()
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         try:
@@ -319,10 +344,17 @@ class AccountRegistry:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time() + self._refresh_seconds
+        relisten = loop.time()
         while True:
+            deaf = self._dsn is not None and self._listener is None
+            wake = min(due, relisten) if deaf else due
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, due - loop.time()))
+                await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, wake - loop.time()))
             self._changed.clear()
+            if self._dsn is not None and self._listener is None and loop.time() >= relisten:
+                relisten = loop.time() + RELISTEN_SECONDS
+                if await self._listen():
+                    self._read_all = True  # what changed while nobody listened
             pending, self._pending = self._pending, set()
             everything, self._read_all = self._read_all or loop.time() >= due, False
             try:
@@ -339,6 +371,7 @@ class AccountRegistry:
         await self.stop()
 
     async def stop(self) -> None:
+        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
