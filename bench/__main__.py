@@ -119,7 +119,7 @@ def rows() -> list[dict[str, Any]]:
         writes = cq.get("row_writes")
         if writes:
             top = ", ".join(f"{t} {w['index_entries']:.1f}" for t, w in list(writes["per_table"].items())[:4])
-            row("end to end", f"Postgres index entries written per reply (most: {top})", writes["index_entries"],
+            row("end to end", f"Postgres index entries written per reply, at most (most: {top})", writes["index_entries"],
                 "", None, "(context)", None, "entries")  # fmt: skip
             row("end to end", "Postgres rows written per reply (inserted, updated, deleted)", writes["rows_written"],
                 "", None, "(context)", None, "rows")  # fmt: skip

@@ -177,7 +177,9 @@ async def started_services(settings: Settings) -> dict[str, Receiver | Worker]:
 async def row_writes(conn: asyncpg.Connection) -> dict[str, Any]:
     """Where Postgres' share of the CPU goes: each table's row writes (inserted, updated and
     how many of those were HOT, deleted) and its indexes, per reply sent, over the whole
-    run. A non-HOT update writes a new entry into every index of its table."""
+    run. A non-HOT update writes a new entry into every index of its table; the count takes
+    every index as written (a partial index whose predicate the row misses is not), so it
+    is an upper bound."""
     replies = await conn.fetchval("SELECT count(*) FROM reply_jobs WHERE status = 'sent'") or 1
     rows = await conn.fetch(
         """
@@ -195,7 +197,7 @@ async def row_writes(conn: asyncpg.Connection) -> dict[str, Any]:
             "hot": r["hot"] / replies,
             "deleted": r["del"] / replies,
             "indexes": r["indexes"],
-            # Index entries written: one per index for an insert and a non-HOT update.
+            # Index entries written: one per index for an insert and a non-HOT update (at most).
             "index_entries": (r["ins"] + r["upd"] - r["hot"]) * r["indexes"] / replies,
         }
         for r in rows
