@@ -6,7 +6,9 @@ Each process holds an ``AccountRegistry``: every account, credentials decrypted,
 start and again every ACCOUNTS_REFRESH_SECONDS; an account that changes is read again at
 once, alone (LISTEN chatq_accounts on a connection of its own, outside the pool: the
 notification names the account, ``shared/functions/50_accounts.sql``), so adding an
-account costs the same with ten accounts or ten thousand. Credentials never leave the
+account costs the same with ten accounts or ten thousand. A lost listening connection
+(Postgres restarted) is opened again every RELISTEN_SECONDS, then every account is read,
+since what changed meanwhile was not notified. Credentials never leave the
 process: nothing here renders them (``Account.__repr__`` hides them), the admin API
 returns only which ones are set.
 
@@ -38,8 +40,8 @@ from shared.settings import Settings
 logger = logging.getLogger(__name__)
 
 CHANNEL = "chatq_accounts"
-#: How often a process whose listening connection closed tries to listen again.
-RELISTEN_SECONDS = 2.0
+#: While the notifications' connection is down, how often it is tried again.
+RELISTEN_SECONDS = 5.0
 
 #: The per-account overrides of global settings (columns of ``accounts``).
 OVERRIDES = (
@@ -175,9 +177,6 @@ class AccountRegistry:
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listener: asyncpg.Connection | None = None
-        #: Listening failed (said once, until it works again); stopping (a close is not a loss).
-        self._unheard = False
-        self._stopping = False
         #: Incremented at each refresh that changed something.
         self.version = 0
         self.rows_read = 0
@@ -305,33 +304,41 @@ class AccountRegistry:
         await self.refresh()
         self._task = asyncio.create_task(self._run(), name="accounts-refresh")
 
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None and not self._listener.is_closed()
+
     async def _listen(self) -> bool:
         """LISTEN on a connection of its own, outside the pool (the pool's size is the
-        work's). False when it cannot: the accounts are read every ACCOUNTS_REFRESH_SECONDS,
-        and ``_run`` tries again every RELISTEN_SECONDS."""
+        work's). False when Postgres cannot be reached: the caller tries again."""
         if self._dsn is None:
             return False
         try:
-            listener = await asyncpg.connect(self._dsn, timeout=10)
-            await listener.add_listener(CHANNEL, self._notified)
-        except (OSError, TimeoutError, asyncpg.PostgresError, asyncpg.InterfaceError) as exc:
-            if not self._unheard:
-                logger.warning(
-                    "accounts: no change notifications (%s); reading every %gs", exc, self._refresh_seconds
-                )
-            self._unheard = True
+            listener = await asyncpg.connect(self._dsn)
+        except (OSError, asyncpg.PostgresError) as exc:
+            logger.warning(
+                "accounts: no change notifications (%s); trying again in %gs, reading every %gs",
+                exc,
+                RELISTEN_SECONDS,
+                self._refresh_seconds,
+            )
             return False
-        listener.add_termination_listener(self._listener_lost)
-        self._listener, self._unheard = listener, False
+        try:
+            await listener.add_listener(CHANNEL, self._notified)
+        except (OSError, asyncpg.PostgresError) as exc:
+            logger.warning("accounts: LISTEN refused (%s); trying again in %gs", exc, RELISTEN_SECONDS)
+            with contextlib.suppress(Exception):
+                await listener.close(timeout=2)
+            return False
+        listener.add_termination_listener(self._lost)
+        self._listener = listener
         return True
 
-    def _listener_lost(self, _conn: object) -> None:
-        """The listening connection closed (Postgres restarted, the connection was cut):
-        listen again, and read every account, whose changes may have gone unheard."""
-        if self._listener is not None and not self._stopping:
-            logger.warning("accounts: the connection that listens for changes closed; listening again")
-            self._listener = None
-            self._changed.set()
+    def _lost(self, _conn: object) -> None:
+        """The listening connection ended (Postgres restarted, a proxy cut it): changes
+        made from now on are not notified until it listens again."""
+        logger.warning("accounts: the change notifications' connection was lost; listening again")
+        self._changed.set()
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         try:
@@ -344,17 +351,14 @@ class AccountRegistry:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         due = loop.time() + self._refresh_seconds
-        relisten = loop.time()
         while True:
-            deaf = self._dsn is not None and self._listener is None
-            wake = min(due, relisten) if deaf else due
+            wake = due if self.listening or self._dsn is None else min(due, loop.time() + RELISTEN_SECONDS)
             with contextlib.suppress(TimeoutError):
                 await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, wake - loop.time()))
             self._changed.clear()
-            if self._dsn is not None and self._listener is None and loop.time() >= relisten:
-                relisten = loop.time() + RELISTEN_SECONDS
-                if await self._listen():
-                    self._read_all = True  # what changed while nobody listened
+            if self._dsn is not None and not self.listening and await self._listen():
+                # What changed while nobody listened was not notified: read everything.
+                self._read_all = True
             pending, self._pending = self._pending, set()
             everything, self._read_all = self._read_all or loop.time() >= due, False
             try:
@@ -371,15 +375,15 @@ class AccountRegistry:
         await self.stop()
 
     async def stop(self) -> None:
-        self._stopping = True
         if self._task is not None:
             self._task.cancel()
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         if self._listener is not None:
+            listener, self._listener = self._listener, None
+            listener.remove_termination_listener(self._lost)
             with contextlib.suppress(Exception):
-                await self._listener.close(timeout=2)
-            self._listener = None
+                await listener.close(timeout=2)
 
 
 def _changed(old: Account, new: Account) -> bool:
