@@ -17,7 +17,7 @@ from cryptography.fernet import Fernet, InvalidToken
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, replace
 from tests.fakes.platforms import FakeWorld
-from tests.integration.test_many_accounts import BOT2, KEY, SHOP2, add, running, two_processes
+from tests.integration.test_many_accounts import BOT2, KEY, SHOP2, running
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
 from tests.support.pipeline import ADMIN, TG, Pipeline
@@ -235,20 +235,3 @@ async def test_text_postgres_cannot_hold_is_refused_by_the_accounts_api_never_a_
                 )
         assert [r.status_code // 100 for r in answers] == [4] * len(answers), [r.text for r in answers]
         assert (await p.client.get("/v1/accounts/telegram/5151", headers=ADMIN)).json()["state"] == "active"
-
-
-async def test_a_process_whose_listening_connection_dropped_still_hears_of_a_new_account_at_once(
-    keyed: Settings, pool: asyncpg.Pool
-) -> None:
-    """Postgres restarted, or the connection cut: the registry listens again (and reads
-    every account, whose changes it may have missed), not only every
-    ACCOUNTS_REFRESH_SECONDS (an hour here)."""
-    async with two_processes(keyed, pool) as r:
-        listener = r.other._listener
-        assert listener is not None
-        await pool.execute("SELECT pg_terminate_backend($1)", listener.get_server_pid())
-        await wait_for(listener.is_closed, within=5, what="the listening connection to drop")
-        await add(r.client, BOT2)
-        await wait_for(
-            lambda: r.other.get("telegram", "5151"), within=10, what="the other process to hear of it"
-        )
