@@ -77,6 +77,12 @@ def rows() -> list[dict[str, Any]]:
                 "bare consumer + the same platform call", responder["bare_with_send_jobs_per_s"],
                 "(context)", None, "jobs/s")  # fmt: skip
     coalescer = load("coalescer-100000.json")
+    if coalescer and "filing" in coalescer:
+        f = coalescer["filing"]
+        row("coalescer", f"filing msg/s, a backlog of {f['messages']:,} messages of {f['chats']:,} chats",
+            f["messages_per_s"], "", None, "(context)", None, "msg/s")  # fmt: skip
+        row("coalescer", "messages filed per commit", f["messages_per_commit"], "", None, "(context)", None,
+            "msgs")  # fmt: skip
     if coalescer:
         row("coalescer", "emission lag p99, 100,000 open windows", coalescer["lag_p99_ms"], "", None,
             "p99 <= 1 s", coalescer["lag_p99_ms"] <= 1000, "ms")  # fmt: skip
