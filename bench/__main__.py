@@ -83,6 +83,9 @@ def rows() -> list[dict[str, Any]]:
             f["messages_per_s"], "", None, "(context)", None, "msg/s")  # fmt: skip
         row("coalescer", "messages filed per commit", f["messages_per_commit"], "", None, "(context)", None,
             "msgs")  # fmt: skip
+        if "messages_per_ack" in f:
+            row("coalescer", "inbound messages per broker ack", f["messages_per_ack"], "", None, "(context)",
+                None, "msgs")  # fmt: skip
     if coalescer:
         row("coalescer", "emission lag p99, 100,000 open windows", coalescer["lag_p99_ms"], "", None,
             "p99 <= 1 s", coalescer["lag_p99_ms"] <= 1000, "ms")  # fmt: skip

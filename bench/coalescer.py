@@ -2,14 +2,14 @@
 query's plan with many open windows, and how late windows are emitted after their due time.
 
 Usage: python -m bench.coalescer [--file-messages 20000] [--file-chats 5000] [--open 100000]
-                                 [--due 10000] [--spread 10]
+                                 [--due 10000] [--spread 10] [--file-batch N]
 
 Filing: ``--file-messages`` inbound messages of ``--file-chats`` chats (interleaved, as
 bursts arrive) are stored as the receiver stores them and published to the coalescer's
-queue in a private vhost; then the real consumer (shared/broker/consumer.py, the
-coalescer's handler, the default prefetch) drains that backlog. Reported: messages/s,
-Postgres commits per message filed (pg_stat_database of the fresh database), and the CPU
-of this process and of Postgres' backends per message.
+queue in a private vhost; then the real consumer (services/coalescer/app.py's, with the
+default prefetch and batch settings) drains that backlog. Reported: messages/s,
+messages filed per Postgres commit (pg_stat_database of the fresh database), messages per
+broker ack, and the CPU of this process and of Postgres' backends per message.
 
 Open windows are written straight into a fresh database (``--open`` of them, ``--due`` of
 those falling due evenly over the next ``--spread`` seconds, the rest hours away); then
@@ -34,11 +34,11 @@ import asyncpg
 
 from bench.blocked import cpu_seconds
 from bench.support import RESULTS, add_infra_arguments, drop_database, fresh_database, private_vhost
+from services.coalescer.app import inbound_consumer
 from services.coalescer.service import Coalescer
 from services.coalescer.stores import _CLAIM_DUE
 from services.coalescer.windows import WindowPolicy
 from shared.broker.connection import BrokerConnection
-from shared.broker.consumer import Consumer
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.broker.topology import (
     COALESCER_QUEUE,
@@ -49,6 +49,7 @@ from shared.broker.topology import (
 )
 from shared.db import create_pool
 from shared.messages import InboundMessage
+from shared.metrics import ACK_MESSAGES
 from shared.outbox import Relay
 from shared.settings import Settings
 
@@ -121,22 +122,17 @@ async def commits(db_url: str) -> int:
         await conn.close()
 
 
-def default(setting: str) -> int:
-    value: int = Settings.model_fields[setting].default
-    return value
+def filing_settings(args: argparse.Namespace) -> Settings:
+    """The coalescer's settings: the defaults, with the batch size asked for."""
+    overrides = {} if args.file_batch is None else {"coalescer_file_batch_messages": args.file_batch}
+    return Settings(_env_file=None, **overrides)  # type: ignore[call-arg]
 
 
-def filing_consumer(broker: BrokerConnection, coalescer: Coalescer) -> Consumer:
-    """The coalescer's inbound consumer as services/coalescer/app.py builds it."""
-    topology = build_topology()
-    return Consumer(
-        broker,
-        COALESCER_QUEUE,
-        coalescer.handle,
-        prefetch=default("coalescer_prefetch"),
-        on_give_up=coalescer.give_up,
-        delivery_limit=topology.queue(COALESCER_QUEUE).delivery_limit,
-    )
+def acked_messages(acks: object) -> float:
+    """Messages per ack so far: the histogram's sum over its count."""
+    values = {s.name: s.value for m in acks.collect() for s in m.samples}  # type: ignore[attr-defined]
+    count = values.get("chatq_consumer_ack_messages_count", 0)
+    return values.get("chatq_consumer_ack_messages_sum", 0) / count if count else float("nan")
 
 
 async def measure_filing(args: argparse.Namespace, db_url: str, amqp_url: str) -> dict[str, object]:
@@ -150,7 +146,8 @@ async def measure_filing(args: argparse.Namespace, db_url: str, amqp_url: str) -
         )
         for i in range(args.file_messages)
     ]  # fmt: skip
-    pool = await create_pool(db_url, size=default("database_pool_size"))
+    settings = filing_settings(args)
+    pool = await create_pool(db_url, size=settings.database_pool_size)
     await pool.execute(
         STORE_INBOUND,
         [m.operation_id for m in messages],
@@ -171,10 +168,10 @@ async def measure_filing(args: argparse.Namespace, db_url: str, amqp_url: str) -
             raise RuntimeError(f"publishing the backlog failed: {next(e for e in errors if e)}")
     await pool.close()
     before = await commits(db_url)
-    pool = await create_pool(db_url, size=default("database_pool_size"))
+    pool = await create_pool(db_url, size=settings.database_pool_size)
     # Long pauses: nothing falls due while the backlog drains (the scheduler is not run).
     coalescer = Coalescer(pool, WindowPolicy(quiet=600, delay_min=600, delay_max=600, max_wait=1200))
-    consumer = filing_consumer(broker, coalescer)
+    consumer = inbound_consumer(broker, coalescer, settings, build_topology())
     pg_pids = [
         r[0] for r in await pool.fetch("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
     ]
@@ -201,7 +198,11 @@ async def measure_filing(args: argparse.Namespace, db_url: str, amqp_url: str) -
     await broker.close()
     # The bench's own polls and the two statements around them are transactions too.
     filing_commits = await commits(db_url) - before - polls - 4
+    acks = ACK_MESSAGES.labels(queue=COALESCER_QUEUE)
     return {
+        "batch_messages": settings.coalescer_file_batch_messages,
+        "prefetch": settings.coalescer_prefetch,
+        "messages_per_ack": acked_messages(acks),
         "messages": len(messages),
         "chats": args.file_chats,
         "windows": windows,
@@ -303,6 +304,11 @@ def main() -> None:
     parser.add_argument("--batch", type=int, default=200)
     parser.add_argument("--file-messages", type=int, default=20_000, help="0: no filing phase")
     parser.add_argument("--file-chats", type=int, default=5_000)
+    parser.add_argument(
+        "--file-batch",
+        type=int,
+        help="CHATQ_COALESCER_FILE_BATCH_MESSAGES (default: the setting's; 1: one each)",
+    )
     add_infra_arguments(parser)
     args = parser.parse_args()
     r = asyncio.run(run(args))
@@ -311,6 +317,7 @@ def main() -> None:
         print(
             f"coalescer filing: {f['messages']} messages of {f['chats']} chats in {f['seconds']:.1f} s: "
             f"{f['messages_per_s']:.0f} msg/s, {f['messages_per_commit']:.1f} messages per commit, "
+            f"{f['messages_per_ack']:.1f} per ack (batches of up to {f['batch_messages']}, prefetch {f['prefetch']}), "
             f"{f['cpu_ms_per_message']:.2f} ms CPU per message (this process + Postgres)"
         )
     print(
