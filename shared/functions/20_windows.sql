@@ -55,14 +55,19 @@ BEGIN
     ORDER BY cw.id
     FOR UPDATE;
     v_now := clock_timestamp();
+    -- One index probe per message and table (LIMIT 1 keeps each lookup a probe, whatever
+    -- the plan cached for the function thinks of the tables' sizes).
     RETURN QUERY
-    SELECT coalesce(o.status NOT IN ('accepted', 'queued'), false)
-               OR EXISTS (SELECT 1 FROM window_messages wm WHERE wm.operation_id = m.op),
+    SELECT coalesce(o.status NOT IN ('accepted', 'queued'), false) OR f.filed IS NOT NULL,
            o.status IS NOT NULL,
            v_now, w.id, w.first_at, w.last_at, w.deadline_at, w.due_at, w.delay_seconds, w.message_count
     FROM unnest(p_chat_keys, p_operations) WITH ORDINALITY AS m(chat_key, op, n)
-    LEFT JOIN operations o ON o.id = m.op
-    LEFT JOIN chat_windows w ON w.chat_key = m.chat_key AND w.status = 'open'
+    LEFT JOIN LATERAL (SELECT o.status FROM operations o WHERE o.id = m.op LIMIT 1) o ON true
+    LEFT JOIN LATERAL (SELECT true AS filed FROM window_messages wm WHERE wm.operation_id = m.op LIMIT 1) f ON true
+    LEFT JOIN LATERAL (
+        SELECT cw.id, cw.first_at, cw.last_at, cw.deadline_at, cw.due_at, cw.delay_seconds, cw.message_count
+        FROM chat_windows cw WHERE cw.chat_key = m.chat_key AND cw.status = 'open' LIMIT 1
+    ) w ON true
     ORDER BY m.n;
 END
 $$;
