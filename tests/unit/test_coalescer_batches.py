@@ -14,10 +14,13 @@ from typing import Any
 
 import pytest
 
+from services.coalescer.app import inbound_consumer
 from services.coalescer.service import Coalescer
 from services.coalescer.windows import WindowPolicy
 from shared.broker.consumer import BatchHandler, Batching, Consumer
+from shared.broker.topology import build_topology
 from shared.messages import InboundMessage
+from shared.settings import Settings
 from shared.state.operation import OperationStatus
 from tests.fakes.windows import InMemoryWindows
 
@@ -245,3 +248,16 @@ async def test_stopping_hands_what_was_gathered_to_the_handler_before_closing() 
     await c._on_message(d)  # type: ignore[arg-type]
     await c.stop(drain_seconds=5)
     assert handler.handed == [["1"]] and d.settled == ["ack multiple"]
+
+
+async def test_a_batch_size_of_one_files_and_acks_each_message_alone(
+    store: InMemoryWindows, coalescer: Coalescer
+) -> None:
+    settings = Settings(_env_file=None, coalescer_file_batch_messages=1)  # type: ignore[call-arg]
+    c = inbound_consumer(None, coalescer, settings, build_topology())  # type: ignore[arg-type]
+    sent = deliveries([store.receive("a", "1"), store.receive("a", "2")])
+    for d in sent:
+        await c._on_message(d)  # type: ignore[arg-type]
+    await wait_until(lambda: c.oldest_unsettled_seconds() == 0 and all(d.settled for d in sent), "both acked")
+    assert [d.settled for d in sent] == [["ack"], ["ack"]]
+    assert store.committed_filings == [1, 1]
