@@ -130,6 +130,9 @@ def rows() -> list[dict[str, Any]]:
     if accounts:
         row("accounts", f"{accounts['accounts']:,} accounts x {accounts['chats'] // accounts['accounts']} chats: bursts answered once",
             accounts["chats_answered"], "chats", accounts["chats"], "every one, once", accounts["answered_once"], "chats")  # fmt: skip
+        row("accounts", "bursts answered twice (stored within the quiet time; "
+            f"{accounts['bursts_split_at_the_door']} stored further apart got two)", accounts["bursts_answered_twice"],
+            "", None, "0", accounts["bursts_answered_twice"] == 0, "bursts")  # fmt: skip
         row("accounts", "worst account's p99 receipt-to-reply", accounts["account_p99_worst_s"],
             "median account's p99", accounts["account_p99_median_s"], "ratio <= 2",
             accounts["fairness_ratio"] is not None and accounts["fairness_ratio"] <= 2, "s")  # fmt: skip

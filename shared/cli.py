@@ -123,6 +123,8 @@ def _list(api: Api, args: argparse.Namespace) -> str:
         params["status"] = args.status
     if args.older_than:
         params["older_than"] = args.older_than
+    if args.account:
+        params["account"] = args.account
     ops = api.call("GET", "/v1/operations", params=params)["operations"]
     if args.json:
         return json.dumps(ops, indent=2, ensure_ascii=False)
@@ -429,6 +431,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("list", help="operations, newest first")
     s.add_argument("--status", help="comma-separated, e.g. failed,needs_review")
     s.add_argument("--older-than", help="e.g. 90, 15m, 2h")
+    s.add_argument("--account", help="one account's operations: PLATFORM:ACCOUNT_ID")
     s.add_argument("--limit", type=int, default=50)
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=_list, api=True)

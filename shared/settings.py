@@ -37,6 +37,9 @@ PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "placeholder", "examp
 MIN_DISTINCT_CHARACTERS = 8
 # Database statements of one reply job (claim, intent, record), in the drain arithmetic.
 JOB_BOOKKEEPING_SECONDS = 5.0
+#: Every process (receiver, coalescer, responder) holds one Postgres connection outside its
+#: pool, listening for account changes (``shared.accounts.AccountRegistry``).
+ACCOUNTS_LISTEN_CONNECTIONS = 1
 GENERATE_HINT = "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
 
 #: Chat.type's documented values (Bot API: "private", "group", "supergroup" or "channel").
@@ -455,13 +458,18 @@ class Settings(BaseSettings):
             + JOB_BOOKKEEPING_SECONDS
         )
 
-    def database_connections(self, service: str) -> int:
-        """The most Postgres connections one process of ``service`` opens (its pool's
-        maximum): DATABASE_POOL_SIZE, except the responder, whose every job in flight holds
-        one connection (its lease) and borrows another for queries."""
+    def pool_connections(self, service: str) -> int:
+        """The most connections the pool of one process of ``service`` opens:
+        DATABASE_POOL_SIZE, except the responder, whose every job in flight holds one
+        connection (its lease) and borrows another for queries."""
         if service == "responder":
             return max(self.database_pool_size, 2 * self.responder_concurrency + 2)
         return self.database_pool_size
+
+    def database_connections(self, service: str) -> int:
+        """The most Postgres connections one process of ``service`` holds: its pool's, and
+        the one outside it that listens for account changes (``shared.accounts``)."""
+        return self.pool_connections(service) + ACCOUNTS_LISTEN_CONNECTIONS
 
     @property
     def telegram_chat_type_set(self) -> frozenset[str]:

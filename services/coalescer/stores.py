@@ -101,7 +101,8 @@ class WindowSession(Protocol):
         ...
 
     async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
-        """Due, unblocked windows no earlier message of their chat is in transit for,
+        """Due, unblocked windows no message of their chat received before they fell due
+        is in transit for,
         locked (other replicas skip them). ``account_jobs`` > 0: an account's share, the
         most unfinished reply jobs it may have (its earliest due windows fill its free
         places; the rest wait)."""
@@ -154,8 +155,9 @@ SELECT chatq_file_messages($1::uuid[], $2::boolean[], $3::text[], $4::text[], $5
 
 # A window may close when it is due, not blocked (no job of its chat in flight: the
 # ready-windows index holds only these), and no message of its chat received before the
-# window's last one is still in transit (the SQL function says why; the responder's
-# fold-in waits for the same). Blocked windows are never scanned.
+# window falls due is still in transit (the SQL function says why; a message received
+# before due_at joins this window when filed, or an earlier one). The responder's fold-in
+# waits for those received before the open window's last message. Blocked windows are never scanned.
 #
 # Fair share ($2 > 0, ACCOUNT_JOBS_IN_FLIGHT): an account with $2 reply jobs emitted and
 # unfinished gets no more until some finish; its other due windows wait here, in order,
@@ -182,7 +184,7 @@ WITH due AS (
 ), ready AS MATERIALIZED (
     -- The in-transit check (a query each) only for the few placed windows.
     SELECT w.id FROM placed p JOIN chat_windows w ON w.id = p.id
-    WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+    WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.due_at)
 )
 SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
 FROM chat_windows w
@@ -200,7 +202,7 @@ _NEXT_DUE = """
 SELECT extract(epoch FROM w.due_at - clock_timestamp())::float8
 FROM chat_windows w
 WHERE w.status = 'open' AND NOT w.blocked AND w.due_at > clock_timestamp()
-  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.due_at)
 ORDER BY w.due_at
 LIMIT 1
 """

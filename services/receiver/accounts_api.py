@@ -228,7 +228,7 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
             )
         except asyncpg.UniqueViolationError:
             raise ApiError(409, "webhook_secret_taken", "another account has this webhook secret") from None
-    await registry.refresh()
+    await registry.refresh_account(body.platform, body.account_id)
     view = account_view(await _row(pool, body.platform, body.account_id), sorted(credentials))
     view["created"] = bool(one(row)["created"]) or (old is not None and old["removed_at"] is not None)
     return view
@@ -311,7 +311,7 @@ async def pause_account(platform: str, account_id: str, body: PauseIn, request: 
     row = await _row(pool, platform, account_id)
     if not moved and row["removed_at"] is not None:
         raise ApiError(409, "account_removed", f"the {platform} account {account_id} was removed")
-    await _registry(request).refresh()
+    await _registry(request).refresh_account(platform, account_id)
     return account_view(row, _names(_registry(request), row))
 
 
@@ -334,7 +334,7 @@ async def resume_account(platform: str, account_id: str, request: Request) -> di
         account_id,
     )
     row = await _row(pool, platform, account_id)
-    await _registry(request).refresh()
+    await _registry(request).refresh_account(platform, account_id)
     return account_view(row, _names(_registry(request), row))
 
 
@@ -354,7 +354,7 @@ async def remove_account(platform: str, account_id: str, request: Request) -> di
         platform,
         account_id,
     )
-    await _registry(request).refresh()
+    await _registry(request).refresh_account(platform, account_id)
     row = await _row(pool, platform, account_id)
     return account_view(row, [])
 

@@ -21,7 +21,7 @@ from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 
-from services.responder.platforms.avito import AvitoPlatform, AvitoToken
+from services.responder.accounts import AccountPlatforms, build_environment_platforms
 from services.responder.ratelimit import AccountRateLimiter
 from shared import metrics
 from shared.accounts import AccountRegistry, record_environment, record_seen
@@ -56,7 +56,7 @@ class Runtime:
     accounts: AccountRegistry
     #: Intake group commit: the webhooks' rows written together.
     intake: IntakeBatcher
-    #: The Avito poller (AVITO_POLL_SECONDS); None when off.
+    #: The Avito poller (AVITO_POLL_SECONDS); None when off (0).
     recovery: AvitoRecovery | None = None
 
 
@@ -125,9 +125,12 @@ class ReceiverApps:
         # is written.
         parts.closing("intake batches", intake)
         runtime = Runtime(pool, broker, relay, accounts, intake)
-        if settings.avito_poll_seconds > 0 and settings.avito_client_id and settings.avito_client_secret:
-            http, runtime.recovery = _avito_recovery(settings, pool, relay)
+        if settings.avito_poll_seconds > 0:
+            # With or without the environment's Avito credentials: accounts added as data are
+            # read too. A round without an Avito account asks nothing.
+            http, platforms, runtime.recovery = _avito_recovery(settings, pool, relay, accounts)
             parts.closing("Avito poll client", http)
+            parts.closing("Avito poll accounts", platforms)
             # The first round runs now: what arrived while the service was down.
             parts.every(settings.avito_poll_seconds, "Avito poll", runtime.recovery.poll)
         for app, _ in self.listeners:
@@ -400,33 +403,29 @@ async def run(settings: Settings, stop: asyncio.Event) -> int:
 
 
 def _avito_recovery(
-    settings: Settings, pool: asyncpg.Pool, relay: Relay | None
-) -> tuple[httpx.AsyncClient, AvitoRecovery]:
-    """The Avito poller, on the responder's Avito client (the token shared in Postgres)."""
-    assert settings.avito_client_id and settings.avito_client_secret is not None
+    settings: Settings, pool: asyncpg.Pool, relay: Relay | None, accounts: AccountRegistry
+) -> tuple[httpx.AsyncClient, AccountPlatforms, AvitoRecovery]:
+    """The Avito poller, on the responder's Avito clients: each account's own credentials,
+    or the environment's (their tokens shared in Postgres)."""
     http = httpx.AsyncClient(
         timeout=httpx.Timeout(
             settings.platform_timeout_seconds, connect=min(5.0, settings.platform_timeout_seconds)
         )
     )
-    token = AvitoToken(
-        settings.avito_api_base,
-        settings.avito_client_id,
-        settings.avito_client_secret.get_secret_value(),
-        http,
-        pool,
-    )
-    api = AvitoPlatform(
-        settings.avito_api_base, token, http, AccountRateLimiter(settings.platform_rate_per_second)
+    limiter = AccountRateLimiter(settings.platform_rate_per_second)
+    environment = build_environment_platforms(settings, http, pool, limiter)
+    platforms = AccountPlatforms(
+        settings, http, pool, accounts, {k: v for k, v in environment.items() if k == "avito"}, limiter
     )
     recovery = AvitoRecovery(
         pool,
-        api,
+        platforms,
+        accounts,
         hold_seconds=settings.takeover_seconds,
         interval_seconds=settings.avito_poll_seconds,
         notify=relay.notify if relay is not None else (lambda: None),
     )
-    return http, recovery
+    return http, platforms, recovery
 
 
 def _secret(value: Any) -> str | None:

@@ -1,31 +1,41 @@
 """Lost webhooks found again (Avito). Avito delivers webhooks at least once, and some never
 arrive; a buyer whose message was lost would never be answered. So one receiver replica at
 a time (a Postgres advisory lock) reads, every AVITO_POLL_SECONDS and once at start-up,
-each known Avito account's recently updated chats (read or not) and their latest messages, and stores every buyer
-message the inbox does not have through the webhook's own intake: the same rules
+each active Avito account's recently updated chats (read or not) and their latest
+messages, and stores every buyer message the inbox does not have through the webhook's
+own intake: the same rules
 (``avito.message_intake``) and the same dedupe key (account, chat, message id), so a poll
 and a late webhook of one message never make two operations.
 
 Which messages: a chat's buyer messages after the seller's latest message written in person
 (what came before is answered; our own replies answered only what the inbox held, so they
-stop nothing), not older than
-``RECOVERY_HORIZON_SECONDS``. Which accounts: the Avito accounts the inbox has a message
-of (Avito's Messenger API names no account of its own credentials), except those the
-platform refused (paused: the probe resumes them)."""
+stop nothing), not older than ``RECOVERY_HORIZON_SECONDS``.
+
+Which accounts: every Avito account of the account registry (``shared.accounts``, kept
+current by its notifications: one added while the receiver runs is read the next round)
+that is active, each with the credentials it answers with (the responder's
+``AccountPlatforms``): an account added with its own (``chatq accounts add``) with those,
+the environment's (named by its first message, or at start from the inbox) with
+CHATQ_AVITO_CLIENT_ID/SECRET. Not an account that was removed, paused by a person, or
+paused by the platform (the responder's probe resumes it), nor one whose credentials
+cannot be opened or that the environment has no credentials for."""
 
 from __future__ import annotations
 
 import json
 import logging
+import re
 import time
 from collections.abc import Callable
 from typing import Any
 
 import asyncpg
 
+from services.responder.accounts import AccountPlatforms, Unserved
 from services.responder.failures import Failure
 from services.responder.platforms.avito import AvitoPlatform
 from shared import metrics
+from shared.accounts import AccountRegistry
 
 from .errors import ApiError
 from .intake import Intake, store
@@ -38,21 +48,22 @@ POLL_LOCK_KEY = 0x63686174_706F6C6C  # "chatpoll"
 #: A message older than this is left to the seller, not answered by the bot a day late.
 RECOVERY_HORIZON_SECONDS = 24 * 3600
 
-# The Avito accounts the inbox knows (a skip scan of operations_message_key: one index
-# probe per account), without the ones the platform refused.
-_KNOWN_ACCOUNTS = """
-WITH RECURSIVE a AS (
-    (SELECT account_id FROM operations WHERE platform = 'avito' ORDER BY account_id LIMIT 1)
-    UNION ALL
-    SELECT (SELECT o.account_id FROM operations o
-            WHERE o.platform = 'avito' AND o.account_id > a.account_id ORDER BY o.account_id LIMIT 1)
-    FROM a WHERE a.account_id IS NOT NULL
-)
-SELECT a.account_id FROM a
-WHERE a.account_id ~ '^[0-9]+$'
-  AND NOT EXISTS (SELECT 1 FROM accounts x WHERE x.platform = 'avito' AND x.account_id = a.account_id
-                  AND x.state = 'paused_by_platform')
-"""
+#: Avito's user ids are numbers: an id that is not one is never put in a URL.
+_USER_ID = re.compile(r"[0-9]+")
+
+
+def polled_accounts(registry: AccountRegistry) -> list[str]:
+    """The Avito accounts a round reads: active (not paused by a person or the platform)
+    and not removed."""
+    return sorted(
+        a.account_id
+        for a in registry.all()
+        if a.platform == "avito"
+        and a.state == "active"
+        and not a.removed
+        and _USER_ID.fullmatch(a.account_id)
+    )
+
 
 # The ids of the replies we sent to the chat (whole, or in parts): they answered only what
 # the inbox held, so they do not mark the messages before them as answered.
@@ -93,7 +104,8 @@ class AvitoRecovery:
     def __init__(
         self,
         pool: asyncpg.Pool,
-        api: AvitoPlatform,
+        platforms: AccountPlatforms,
+        registry: AccountRegistry,
         *,
         hold_seconds: float,
         notify: Callable[[], None],
@@ -101,7 +113,8 @@ class AvitoRecovery:
         interval_seconds: float = 60.0,
     ) -> None:
         self._pool = pool
-        self._api = api
+        self._platforms = platforms
+        self._registry = registry
         self._hold_seconds = hold_seconds
         self._notify = notify
         self._horizon = horizon_seconds
@@ -110,18 +123,31 @@ class AvitoRecovery:
         #: updated since then (less a margin for clocks and paging), the first a horizon back.
         self._last_round: dict[str, float] = {}
 
+    def accounts(self) -> list[str]:
+        """The accounts this round reads (``polled_accounts``)."""
+        return polled_accounts(self._registry)
+
     async def poll(self) -> int:
-        """One round over every known account, by one replica (0 on the others while it
-        runs). Returns how many messages it stored."""
+        """One round over every account to read, by one replica (0 on the others while it
+        runs; 0 at once when there is no Avito account). Returns how many messages it
+        stored."""
         recovered = 0
+        accounts = self.accounts()
+        if not accounts:
+            return 0
+        # An account that leaves the round (paused, removed) is read a horizon back when it
+        # comes back: what came meanwhile.
+        polled = set(accounts)
+        self._last_round = {a: t for a, t in self._last_round.items() if a in polled}
         async with self._pool.acquire() as conn:
             if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", POLL_LOCK_KEY):
                 return 0
             try:
-                accounts = [r["account_id"] for r in await conn.fetch(_KNOWN_ACCOUNTS)]
                 for account_id in accounts:
                     try:
                         recovered += await self._account(account_id)
+                    except Unserved as exc:
+                        logger.warning("Avito poll skips account %s: %s", account_id, exc)
                     except Failure as failure:
                         # One account's refusal does not stop the others; the next round asks again.
                         logger.warning("Avito poll of account %s: %s", account_id, failure.reason)
@@ -136,18 +162,28 @@ class AvitoRecovery:
             logger.warning("Avito poll: recovered %d message(s) no webhook brought", recovered)
         return recovered
 
+    def _api(self, account_id: str) -> AvitoPlatform | None:
+        """The account's Avito client, with its own credentials or the environment's; None
+        when it has none (an account of the environment, without CHATQ_AVITO_CLIENT_ID)."""
+        api = self._platforms.for_account("avito", account_id)
+        return api if isinstance(api, AvitoPlatform) else None
+
     async def _account(self, account_id: str) -> int:
+        api = self._api(account_id)
+        if api is None:
+            logger.debug("Avito poll: account %s has no credentials here", account_id)
+            return 0
         started = time.time()
         since = started - self._horizon
         last = self._last_round.get(account_id)
         updated_since = since if last is None else max(since, last - 2 * self._interval - 60)
         recovered = 0
-        for chat in await self._api.recent_chats(account_id, updated_since):
+        for chat in await api.recent_chats(account_id, updated_since):
             chat_id = chat.get("id")
             if not isinstance(chat_id, str) or not chat_id:
                 continue
             ours = frozenset(r[0] for r in await self._pool.fetch(_OURS, account_id, chat_id))
-            items = await self._api.buyer_messages(account_id, chat_id, since, ours)
+            items = await api.buyer_messages(account_id, chat_id, since, ours)
             if not items:
                 continue
             stored = {

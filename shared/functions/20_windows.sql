@@ -120,11 +120,12 @@ END
 $$;
 
 -- A message of the chat received before p_before that is still in transit: stored, not yet
--- filed in a window (in the outbox, or on the broker: redelivered after a consumer died,
--- or behind a cut connection). A window whose last message came after it must wait for
--- it, both to be emitted and to be folded into a reply, or the late message would reach a
--- reply after one to a later message. Waited for at most 60 s (then the chat goes on and
--- the late message is answered by its next reply).
+-- filed in a window (in the outbox, or on the broker: behind a backlog, redelivered after
+-- a consumer died, or behind a cut connection). The scheduler passes a window's due_at: a
+-- message received before the window falls due belongs to it (or to an earlier one), and
+-- emitting without it would answer the burst twice, or answer a late message after a
+-- later one. The fold-in passes the open window's last_at. Waited for at most 60 s (then
+-- the chat goes on and the late message is answered by its next reply).
 CREATE OR REPLACE FUNCTION chatq_earlier_in_transit(
     p_platform text, p_account_id text, p_chat_id text, p_before timestamptz
 ) RETURNS boolean LANGUAGE sql STABLE AS $$

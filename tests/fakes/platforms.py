@@ -17,7 +17,9 @@ Telegram ``{"ok": false, "error_code", "description"}`` with Telegram's descript
 
 Accounts: a revoked Telegram token answers 401 "Unauthorized"
 (``FakeWorld.revoke_telegram_token``); an Avito account without the paid Messenger plan
-answers 403 to every Messenger call (``FakeWorld.avito_messenger_plan = False``).
+answers 403 to every Messenger call (``FakeWorld.avito_messenger_plan = False``); with
+``FakeWorld.avito_accounts`` each Avito account takes only its own client's tokens, and
+``FakeWorld.avito_callers`` records whose token each Messenger call used.
 
 Failure behaviours, queued per target with ``FakeWorld.fail(target, *behaviours)`` and
 used one per call: ``"500"``/``"503"``/``"400"``/``"403"`` (that status), ``"429:N"``
@@ -148,6 +150,9 @@ class FakeWorld:
     #: user_id -> the client id whose tokens may use that account's Messenger API (unset:
     #: any token may, as with one account); another client's token gets 403, as on Avito.
     avito_accounts: dict[str, str] = field(default_factory=dict)
+    #: Every Messenger call with a valid token: (operationId, user_id in the path or None,
+    #: the client id the token was issued to), in order: whose credentials read which account.
+    avito_callers: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     #: False: the Avito account has no paid Messenger plan; every Messenger call is 403.
     avito_messenger_plan: bool = True
     #: The Avito account's webhook subscriptions (URLs), in the order they were made.
@@ -781,6 +786,14 @@ def _avito_routes(app: FastAPI, world: FakeWorld) -> None:
             if not (auth.startswith("Bearer ") and auth[7:] in world.avito_tokens):
                 # An expired or unknown token gives 403 (../shared/platforms.md).
                 return avito_error(403)
+            user = check.path_params.get("user_id")
+            world.avito_callers.append(
+                (
+                    op.operation_id,
+                    None if user is None else str(user),
+                    world.avito_token_clients.get(auth[7:]),
+                )
+            )
             if not world.avito_messenger_plan:
                 # The account has no paid Messenger plan: Avito refuses the Messenger API.
                 return avito_error(403)

@@ -167,20 +167,20 @@ class InMemoryWindows:
         return sum(w.status == "open" for w in self.state.windows.values())
 
     def _claimable(self) -> list[FakeWindow]:
-        """Open, not blocked, and no earlier message of the chat in transit (received
-        before the window's last one, not yet filed, within 60 s)."""
+        """Open, not blocked, and no message of the chat in transit that it must wait for
+        (received before the window falls due, not yet filed, within 60 s)."""
         return [
             w
             for w in self.state.windows.values()
-            if w.status == "open" and not w.blocked and not self._earlier_in_transit(w)
+            if w.status == "open" and not w.blocked and not self._awaits_in_transit(w)
         ]
 
-    def _earlier_in_transit(self, w: FakeWindow) -> bool:
+    def _awaits_in_transit(self, w: FakeWindow) -> bool:
         return any(
             chat_key(o.inbound.platform, o.inbound.account_id, o.inbound.chat_id) == w.chat_key
             and o.status in _UNFILED
             and o.inbound.operation_id not in self.state.filed
-            and w.window.last_at > o.inbound.received_at > self.clock - timedelta(seconds=60)
+            and w.window.due_at > o.inbound.received_at > self.clock - timedelta(seconds=60)
             for o in self.state.operations.values()
         )
 

@@ -1,15 +1,17 @@
 """Avito manners (issue 16): a buyer message whose webhook never came is found by the poll
-and answered once, whatever the webhook does later; an answered chat is marked read
-(a failure there fails nothing); the reply writer knows the chat's listing and answers in
-the buyer's language; chats with Avito itself are not answered."""
+and answered once, whatever the webhook does later, for every active Avito account with
+its own credentials (issue 21), never for one removed or paused; an answered chat is
+marked read (a failure there fails nothing); the reply writer knows the chat's listing and
+answers in the buyer's language; chats with Avito itself are not answered."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass
 
 import asyncpg
 import pytest
+from cryptography.fernet import Fernet
 from prometheus_client import REGISTRY
 
 from services.receiver.app import Runtime
@@ -19,7 +21,7 @@ from tests.conftest import AVITO_SECRET, replace
 from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook
-from tests.support.pipeline import Pipeline, running_pipeline
+from tests.support.pipeline import ADMIN, Pipeline, running_pipeline
 from tests.support.receiver import running_receiver
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
@@ -27,6 +29,21 @@ pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 ME = "777"
 DELIVERY = "Hello! About “Bicycle” (12 000 ₽): We ship across the country; delivery takes 2-5 days."
 URL = f"/v1/webhooks/avito/{AVITO_SECRET}"
+KEY = Fernet.generate_key().decode()
+
+
+def shop(account_id: str) -> dict:
+    """An Avito account added as data, with client credentials of its own."""
+    return {
+        "platform": "avito",
+        "account_id": account_id,
+        "name": f"Shop {account_id}",
+        "credentials": {
+            "client_id": f"client-{account_id}",
+            "client_secret": f"client-{account_id}-secret-value",
+            "webhook_secret": f"shop-{account_id}-path-secret-0123456789",
+        },
+    }
 
 
 @dataclass
@@ -38,11 +55,16 @@ class Stack:
         assert self.runtime.recovery is not None
         return await self.runtime.recovery.poll()
 
+    async def add(self, account: dict) -> None:
+        r = await self.p.client.post("/v1/accounts", json=account, headers=ADMIN)
+        assert r.status_code == 200, r.text
+
 
 @pytest.fixture
 def polling(fast: Settings) -> Settings:
-    """The poller on, its rounds driven by the test (the start-up round runs at once)."""
-    return replace(fast, avito_poll_seconds=3600)
+    """The poller on, its rounds driven by the test (the start-up round runs at once);
+    accounts can be added with credentials of their own."""
+    return replace(fast, avito_poll_seconds=3600, secrets_key=KEY)
 
 
 @pytest.fixture
@@ -163,13 +185,11 @@ async def test_a_chat_the_seller_only_opened_in_the_app_is_still_searched(
 async def test_an_error_polling_one_account_does_not_stop_the_round_for_the_others(
     stack: Stack, world: FakeWorld, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from services.receiver import recovery as module
-
     await known_account(stack, world)
     world.avito_buyer_writes(ME, "u2i-after-boom", "Still for sale?")
     poller = stack.runtime.recovery
     assert poller is not None
-    monkeypatch.setattr(module, "_KNOWN_ACCOUNTS", f"SELECT unnest(ARRAY['1', '{ME}']) AS account_id")
+    monkeypatch.setattr(poller, "accounts", lambda: ["1", ME])
     polled = poller._account
 
     async def breaks_on_the_first(account_id: str) -> int:
@@ -179,6 +199,118 @@ async def test_an_error_polling_one_account_does_not_stop_the_round_for_the_othe
 
     monkeypatch.setattr(poller, "_account", breaks_on_the_first)
     assert await stack.poll() == 1  # account 1 broke; 777's lost message was still found
+
+
+def chat_lists_read(world: FakeWorld) -> dict[str, set[str | None]]:
+    """Per Avito account whose chat list was read: the client ids whose tokens read it."""
+    read: dict[str, set[str | None]] = {}
+    for operation, user_id, client in world.avito_callers:
+        if operation == "getChatsV2" and user_id is not None:
+            read.setdefault(user_id, set()).add(client)
+    return read
+
+
+async def test_an_avito_account_added_as_data_has_its_lost_message_found_with_its_own_credentials(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    # Each account's Messenger API takes only its own client's tokens, as on Avito.
+    world.avito_accounts = {ME: "client-1", "888": "client-888"}
+    await known_account(stack, world)
+    # Added while the receiver runs: the next round reads it, no restart.
+    await stack.add(shop("888"))
+    lost = world.avito_buyer_writes("888", "u2i-shop2-lost", "Do you deliver?")
+    world.avito_buyer_writes(ME, "u2i-env-lost", "Is it still for sale?")
+    assert await stack.poll() == 2
+    op = await pool.fetchrow(
+        "SELECT id, account_id FROM operations WHERE platform = 'avito' AND message_id = $1",
+        lost["payload"]["value"]["id"],
+    )
+    assert op["account_id"] == "888"
+    assert (await stack.p.settled(str(op["id"])))["status"] == "replied"
+    assert world.replies_to("u2i-shop2-lost") == [DELIVERY]
+    assert [m["user_id"] for m in world.avito if m["chat_id"] == "u2i-shop2-lost"] == ["888"]
+    # Each account was read with its own token, and the environment's with the environment's.
+    assert chat_lists_read(world) == {ME: {"client-1"}, "888": {"client-888"}}
+    messages_read = {(u, c) for o, u, c in world.avito_callers if o == "getMessagesV3"}
+    assert ("888", "client-888") in messages_read and ("888", "client-1") not in messages_read
+
+
+async def test_a_removed_or_paused_avito_account_is_not_polled_and_a_resumed_one_is_again(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    await known_account(stack, world)
+    for account in ("888", "999", "555000"):
+        added = shop(account)
+        await stack.add(added)
+        # The inbox knows each: one message through the account's own webhook, answered.
+        hook = world.avito_buyer_writes(account, f"u2i-known-{account}", "Is it still available?")
+        r = await stack.p.client.post(
+            f"/v1/webhooks/avito/{added['credentials']['webhook_secret']}", json=hook
+        )
+        assert (await stack.p.settled(r.json()["operation_id"]))["status"] == "replied"
+        world.avito_buyer_writes(account, f"u2i-lost-{account}", "Do you deliver?")
+    client = stack.p.client
+    paused = await client.post("/v1/accounts/avito/888/pause", json={"reason": "holiday"}, headers=ADMIN)
+    assert paused.json()["state"] == "paused_by_person"
+    removed = await client.delete("/v1/accounts/avito/999", headers=ADMIN)
+    assert removed.json()["state"] == "removed"
+    # The platform refuses the third (no Messenger plan): the responder paused it, its
+    # probe resumes it; the poll leaves it alone meanwhile.
+    await pool.execute(
+        "UPDATE accounts SET state = 'paused_by_platform', state_reason = 'no Messenger plan',"
+        " next_probe_at = now() + interval '1 hour' WHERE account_id = '555000'"
+    )
+    registry = stack.runtime.accounts
+
+    async def platform_pause_known() -> bool:
+        account = registry.get("avito", "555000")
+        return account is not None and account.state == "paused_by_platform"
+
+    await wait_for(platform_pause_known, what="the receiver to learn of the platform's pause")
+    world.avito_callers.clear()
+    world.avito_buyer_writes(ME, "u2i-env-lost", "Is it still for sale?")
+    assert await stack.poll() == 1  # the environment's account only
+    assert set(chat_lists_read(world)) == {ME}
+    for account in ("888", "999", "555000"):
+        chat = f"u2i-lost-{account}"
+        assert await pool.fetchval("SELECT count(*) FROM operations WHERE chat_id = $1", chat) == 0
+
+    resumed = await client.post("/v1/accounts/avito/888/resume", headers=ADMIN)
+    assert resumed.json()["state"] == "active"
+    assert await stack.poll() == 1  # what came while it was paused
+    assert await pool.fetchval("SELECT account_id FROM operations WHERE chat_id = 'u2i-lost-888'") == "888"
+    assert set(chat_lists_read(world)) == {ME, "888"}
+
+
+async def test_the_poll_reads_accounts_added_as_data_without_the_environments_avito_credentials(
+    polling: Settings, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    settings = replace(polling, avito_client_id=None, avito_client_secret=None)
+    async with running_pipeline(settings, pool) as p:
+        assert p.receiver is not None
+        stack = Stack(p, p.receiver.public.state.runtime)
+        assert await stack.poll() == 0  # no Avito account yet: nothing asked
+        assert world.avito_callers == [] and world.avito_token_requests == 0
+        await stack.add(shop("888"))
+        lost = world.avito_buyer_writes("888", "u2i-only-shop", "Hello, is it available?")
+        assert await stack.poll() == 1
+        op = await operation_of(pool, lost["payload"]["value"]["id"])
+        assert (await p.settled(str(op["id"])))["status"] == "replied"
+    assert chat_lists_read(world) == {"888": {"client-888"}}
+
+
+async def test_an_avito_account_the_inbox_knew_before_accounts_were_data_is_polled_after_the_upgrade(
+    polling: Settings, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    async def from_before_accounts_were_data() -> None:
+        # A deployment from before the accounts table held every account: messages, no row.
+        await pool.execute("DELETE FROM accounts")
+
+    await found_at_the_next_start(polling, world, pool, "u2i-while-upgrading", from_before_accounts_were_data)
+    row = await pool.fetchrow(
+        "SELECT source, state FROM accounts WHERE platform = 'avito' AND account_id = $1", ME
+    )
+    assert (row["source"], row["state"]) == ("environment", "active")
 
 
 async def test_only_one_replica_polls_at_a_time(stack: Stack, world: FakeWorld, pool: asyncpg.Pool) -> None:
@@ -195,18 +327,32 @@ async def test_only_one_replica_polls_at_a_time(stack: Stack, world: FakeWorld, 
     assert await stack.poll() == 1
 
 
-async def test_the_poll_runs_at_start_up_for_what_arrived_while_the_service_was_down(
-    polling: Settings, world: FakeWorld, pool: asyncpg.Pool
+async def found_at_the_next_start(
+    polling: Settings,
+    world: FakeWorld,
+    pool: asyncpg.Pool,
+    chat: str,
+    meanwhile: Callable[[], Awaitable[None]] | None = None,
 ) -> None:
+    """The receiver hears the account once and stops; (``meanwhile`` runs;) a buyer writes
+    while it is down; the start-up poll of the next receiver stores that message."""
     async with running_receiver(polling) as (_, client):
         hook = world.avito_buyer_writes(ME, "u2i-known", "Is it still available?")
         assert (await client.post(URL, json=hook)).status_code == 200
-    world.avito_buyer_writes(ME, "u2i-while-down", "Hello, do you deliver?")
+    if meanwhile is not None:
+        await meanwhile()
+    world.avito_buyer_writes(ME, chat, "Hello, do you deliver?")
     async with running_receiver(polling):
         await wait_for(
-            lambda: pool.fetchval("SELECT count(*) = 1 FROM operations WHERE chat_id = 'u2i-while-down'"),
+            lambda: pool.fetchval("SELECT count(*) = 1 FROM operations WHERE chat_id = $1", chat),
             what="the start-up poll to store the message",
         )
+
+
+async def test_the_poll_runs_at_start_up_for_what_arrived_while_the_service_was_down(
+    polling: Settings, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    await found_at_the_next_start(polling, world, pool, "u2i-while-down")
 
 
 async def test_the_reply_writer_knows_the_listing_and_a_russian_buyer_is_answered_in_russian(

@@ -251,37 +251,74 @@ async def test_a_malformed_message_on_the_inbound_queue_is_dead_lettered_and_rec
     assert dead[0]["reason"].startswith("rejected in chatq.coalescer")
 
 
-async def test_a_due_window_waits_while_an_earlier_message_of_its_chat_is_in_transit(quick, pool) -> None:
-    coalescer = Coalescer(pool, policy_from(quick))
-    early = uuid.uuid4()
-    late = uuid.uuid4()
-    for op, mid, status, age in ((early, "1", "queued", 3), (late, "2", "waiting", 1)):
-        await pool.execute(
-            """
-            INSERT INTO operations (id, platform, account_id, chat_id, message_id, text, sent_at, status,
-                                    received_at, payload)
-            VALUES ($1, 'telegram', 'bot', '9', $2, 'hi', now(), $3, now() - make_interval(secs => $4), '{}')
-            """,
-            op,
-            mid,
-            status,
-            age,
-        )
+async def received(pool: asyncpg.Pool, message_id: str, status: str, age: float) -> uuid.UUID:
+    """An operation of chat telegram:bot:9 received ``age`` seconds ago."""
+    op = uuid.uuid4()
+    await pool.execute(
+        """
+        INSERT INTO operations (id, platform, account_id, chat_id, message_id, text, sent_at, status,
+                                received_at, payload)
+        VALUES ($1, 'telegram', 'bot', '9', $2, 'hi', now(), $3, now() - make_interval(secs => $4), '{}')
+        """,
+        op,
+        message_id,
+        status,
+        age,
+    )
+    return op
+
+
+async def window_of(pool: asyncpg.Pool, *, last_age: float, due_age: float) -> uuid.UUID:
+    """An open window of chat telegram:bot:9 whose last message came ``last_age`` seconds
+    ago and which fell due ``due_age`` seconds ago."""
     window = uuid.uuid4()
     await pool.execute(
         """
         INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
                                   deadline_at, due_at, delay_seconds, message_count)
-        VALUES ($1, 'telegram:bot:9', 'telegram', 'bot', '9', 'open', now(), now(), now(), now(), 0, 1)
+        VALUES ($1, 'telegram:bot:9', 'telegram', 'bot', '9', 'open', now() - make_interval(secs => $2),
+                now() - make_interval(secs => $2), now(), now() - make_interval(secs => $3), 1, 1)
         """,
         window,
+        last_age,
+        due_age,
     )
-    await pool.execute("INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)", late, window)
+    return window
+
+
+async def filed(pool: asyncpg.Pool, op: uuid.UUID, window: uuid.UUID) -> None:
+    await pool.execute("UPDATE operations SET status = 'waiting' WHERE id = $1", op)
+    await pool.execute("INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)", op, window)
+
+
+async def test_a_window_filed_behind_a_backlog_waits_for_the_rest_of_its_burst_in_transit(
+    quick, pool
+) -> None:
+    """Both messages arrived 0.1 s apart 30 s ago; the first was filed late (its window due
+    long since), the second is still queued: one reply must cover both."""
+    coalescer = Coalescer(pool, policy_from(quick))
+    first = await received(pool, "1", "queued", 30.0)
+    second = await received(pool, "2", "queued", 29.9)
+    await received(pool, "3", "queued", 5.0)  # received after the window fell due: not awaited
+    window = await window_of(pool, last_age=30.0, due_age=29.0)
+    await filed(pool, first, window)
+
+    assert await coalescer.emit_due() == 0, "message 2 of the burst is on its way to this window"
+    await filed(pool, second, window)
+    assert await coalescer.emit_due() == 1
+    assert await pool.fetchval("SELECT operation_ids FROM reply_jobs") == [first, second]
+
+
+async def test_a_due_window_waits_while_an_earlier_message_of_its_chat_is_in_transit(quick, pool) -> None:
+    coalescer = Coalescer(pool, policy_from(quick))
+    early = await received(pool, "1", "queued", 3)
+    late = await received(pool, "2", "queued", 1)
+    window = await window_of(pool, last_age=0, due_age=0)
+    await filed(pool, late, window)
 
     assert await coalescer.emit_due() == 0, "message 1 is still on its way to this window"
     assert await coalescer.seconds_to_next_due() is None  # and the scheduler does not spin on it
-    await pool.execute("UPDATE operations SET status = 'waiting' WHERE id = $1", early)
-    await pool.execute("INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)", early, window)
+    await filed(pool, early, window)
     assert await coalescer.emit_due() == 1
     job = await pool.fetchval("SELECT operation_ids FROM reply_jobs")
     assert job == [early, late]

@@ -12,7 +12,9 @@ const age = (s) => s < 90 ? `${Math.round(s)} s` : s < 5400 ? `${Math.round(s / 
 function card(label, value) { const d = document.createElement("div"); d.className = "card"; d.innerHTML = `<span></span><b></b>`; d.firstChild.textContent = label; d.lastChild.textContent = value; return d; }
 async function load() {
   const chosen = $("account-filter").value;
-  const s = await api("/v1/stats" + (chosen ? `?account=${encodeURIComponent(chosen)}` : ""));
+  // The chosen account filters everything the page shows: numbers, needs a person, held chats.
+  const only = chosen ? `account=${encodeURIComponent(chosen)}` : "";
+  const s = await api("/v1/stats" + (only ? `?${only}` : ""));
   const day = s.last_24h;
   // The four numbers, named as in the README, the dashboard and the alerts.
   $("stats").replaceChildren(
@@ -35,9 +37,9 @@ async function load() {
     $("account-filter").replaceChildren(new Option("All accounts", ""), ...s.accounts.map((a) => new Option(`${a.platform}:${a.account_id}${a.name ? ` (${a.name})` : ""}`, `${a.platform}:${a.account_id}`)));
   }
   $("account-rows").replaceChildren(...s.accounts.map(accountRow));
-  const { operations } = await api("/v1/operations?status=failed,needs_review&limit=200");
+  const { operations } = await api(`/v1/operations?status=failed,needs_review&limit=200${only ? `&${only}` : ""}`);
   $("rows").replaceChildren(...operations.map(row));
-  const { chats } = await api("/v1/chats?held=true");
+  const { chats } = await api(`/v1/chats?held=true${only ? `&${only}` : ""}`);
   $("held").replaceChildren(...chats.map(heldRow));
 }
 function accountRow(a) {
