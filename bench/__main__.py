@@ -3,7 +3,8 @@ figure next to its reference measured in the same run, the ratio, and the goal.
 
 Runs, in order, each as its own process writing bench/results/<name>.json: bench.intake
 (receiver vs pgbench), bench.relay (relay vs raw aio-pika publisher), bench.responder
-(responder vs bare consumer), bench.coalescer (100,000 open windows), bench.blocked
+(responder vs bare consumer), bench.coalescer (filing a backlog of 20,000 inbound messages;
+emission among 100,000 open windows), bench.blocked
 (10,000 chats behind a job in flight, the scheduler before and after), bench.pipeline
 (end to end: chatqueue, Celery, Postgres polling table), bench.accounts (1,000 accounts
 x 10 chats, bursts together: answered once, fairness between accounts). The table and every figure go
