@@ -6,7 +6,9 @@ Each process holds an ``AccountRegistry``: every account, credentials decrypted,
 start and again every ACCOUNTS_REFRESH_SECONDS; an account that changes is read again at
 once, alone (LISTEN chatq_accounts on a connection of its own, outside the pool: the
 notification names the account, ``shared/functions/50_accounts.sql``), so adding an
-account costs the same with ten accounts or ten thousand. Credentials never leave the
+account costs the same with ten accounts or ten thousand. A lost listening connection
+(Postgres restarted) is opened again every RELISTEN_SECONDS, then every account is read,
+since what changed meanwhile was not notified. Credentials never leave the
 process: nothing here renders them (``Account.__repr__`` hides them), the admin API
 returns only which ones are set.
 
@@ -38,6 +40,8 @@ from shared.settings import Settings
 logger = logging.getLogger(__name__)
 
 CHANNEL = "chatq_accounts"
+#: While the notifications' connection is down, how often it is tried again.
+RELISTEN_SECONDS = 5.0
 
 #: The per-account overrides of global settings (columns of ``accounts``).
 OVERRIDES = (
@@ -295,18 +299,46 @@ class AccountRegistry:
 
     async def start(self) -> None:
         """Read the accounts, then keep them current in the background."""
-        if self._dsn is not None:
-            try:
-                # Its own connection, outside the pool: the pool's size is the work's. It
-                # listens before the first read, so no change falls between the two.
-                self._listener = await asyncpg.connect(self._dsn)
-                await self._listener.add_listener(CHANNEL, self._notified)
-            except (OSError, asyncpg.PostgresError) as exc:
-                logger.warning(
-                    "accounts: no change notifications (%s); reading every %gs", exc, self._refresh_seconds
-                )
+        # It listens before the first read, so no change falls between the two.
+        await self._listen()
         await self.refresh()
         self._task = asyncio.create_task(self._run(), name="accounts-refresh")
+
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None and not self._listener.is_closed()
+
+    async def _listen(self) -> bool:
+        """LISTEN on a connection of its own, outside the pool (the pool's size is the
+        work's). False when Postgres cannot be reached: the caller tries again."""
+        if self._dsn is None:
+            return False
+        try:
+            listener = await asyncpg.connect(self._dsn)
+        except (OSError, asyncpg.PostgresError) as exc:
+            logger.warning(
+                "accounts: no change notifications (%s); trying again in %gs, reading every %gs",
+                exc,
+                RELISTEN_SECONDS,
+                self._refresh_seconds,
+            )
+            return False
+        try:
+            await listener.add_listener(CHANNEL, self._notified)
+        except (OSError, asyncpg.PostgresError) as exc:
+            logger.warning("accounts: LISTEN refused (%s); trying again in %gs", exc, RELISTEN_SECONDS)
+            with contextlib.suppress(Exception):
+                await listener.close(timeout=2)
+            return False
+        listener.add_termination_listener(self._lost)
+        self._listener = listener
+        return True
+
+    def _lost(self, _conn: object) -> None:
+        """The listening connection ended (Postgres restarted, a proxy cut it): changes
+        made from now on are not notified until it listens again."""
+        logger.warning("accounts: the change notifications' connection was lost; listening again")
+        self._changed.set()
 
     def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
         try:
@@ -320,9 +352,13 @@ class AccountRegistry:
         loop = asyncio.get_running_loop()
         due = loop.time() + self._refresh_seconds
         while True:
+            wake = due if self.listening or self._dsn is None else min(due, loop.time() + RELISTEN_SECONDS)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, due - loop.time()))
+                await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, wake - loop.time()))
             self._changed.clear()
+            if self._dsn is not None and not self.listening and await self._listen():
+                # What changed while nobody listened was not notified: read everything.
+                self._read_all = True
             pending, self._pending = self._pending, set()
             everything, self._read_all = self._read_all or loop.time() >= due, False
             try:
@@ -344,9 +380,10 @@ class AccountRegistry:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         if self._listener is not None:
+            listener, self._listener = self._listener, None
+            listener.remove_termination_listener(self._lost)
             with contextlib.suppress(Exception):
-                await self._listener.close(timeout=2)
-            self._listener = None
+                await listener.close(timeout=2)
 
 
 def _changed(old: Account, new: Account) -> bool:

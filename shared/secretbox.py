@@ -56,6 +56,8 @@ class SecretBox:
                 if self._fernet is not None:
                     return  # keep the keys in use; the file is being replaced
                 raise SecretsUnavailable(f"cannot read SECRETS_KEY_FILE: {exc.strerror}") from None
+            if not text.strip() and self._fernet is not None:
+                return  # caught empty while it is rewritten: keep the keys in use
         if self.generation and text == self._text:
             return  # the same keys: what they opened stays open
         self._fernet = MultiFernet(parse_keys(text)) if text else None

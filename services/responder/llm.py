@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import openai
-
 from shared import metrics
 
 from .failures import Failure, Kind, classify_llm
@@ -71,6 +69,8 @@ class OpenAIWriter:
         facts: str,
         prompt: str = SYSTEM_PROMPT,
     ) -> None:
+        import openai  # here: half a second of imports a process without a model never needs
+
         self._client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
         )

@@ -13,6 +13,7 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from playwright.async_api import async_playwright, expect
@@ -210,6 +211,27 @@ async def test_choosing_an_account_on_the_ops_page_narrows_needs_a_person_to_tha
         await expect(avito_row).to_have_count(1)
         await page.select_option("#account-filter", "")
         await expect(telegram_row).to_have_count(1, timeout=10_000)
+    assert violations == []
+
+
+async def test_the_ops_page_account_filter_offers_a_quiet_account_among_many_busier_ones(
+    stack: Receiver, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    """/v1/stats lists the 20 busiest accounts; the filter must still offer every account
+    of the deployment (issue 21: hundreds), a quiet one too."""
+    await pool.executemany(
+        "INSERT INTO accounts (platform, account_id, name) VALUES ('avito', $1, 'busy')",
+        [(str(100 + n),) for n in range(25)],
+    )
+    quiet = '#account-filter option[value="telegram:4242"]'  # the environment's bot, after them
+    async with browser_page() as (page, violations):
+        await page.goto(f"{stack.url}/ops")
+        await page.fill("#token", ADMIN_TOKEN)
+        await page.click("#login button")
+        await page.locator('#account-filter option[value="avito:100"]').wait_for(state="attached")
+        await page.locator(quiet).wait_for(state="attached", timeout=10_000)
+        await page.select_option("#account-filter", "telegram:4242")
+        await expect(page.locator('tr[data-account="telegram:4242"]')).to_have_count(1, timeout=10_000)
     assert violations == []
 
 

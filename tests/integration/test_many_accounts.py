@@ -387,6 +387,28 @@ async def test_adding_an_account_reads_and_decrypts_as_little_with_sixty_account
         assert r.other.rows_read - rows == await pool.fetchval("SELECT count(*) FROM accounts")
 
 
+async def test_a_process_whose_notifications_connection_was_cut_listens_again_and_misses_no_change(
+    keyed: Settings, pool: asyncpg.Pool
+) -> None:
+    async with two_processes(keyed, pool) as r:
+        assert r.other.listening
+        cut = await pool.fetchval(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query LIKE 'LISTEN%') t"
+        )
+        assert cut >= 2  # the receiver's and the other process's
+        await wait_for(lambda: not r.other.listening, within=5, what="the cut seen")
+        # Changed while nobody listened: read when it listens again, not 3,600 s later.
+        await add(r.client, SHOP2)
+        await wait_for(lambda: r.other.listening, within=15, what="listening again")
+        await wait_for(lambda: r.other.get("avito", "888"), within=5, what="the account added meanwhile")
+        # And from then on, notified as before.
+        await r.client.post("/v1/accounts/avito/888/pause", json={"reason": "holiday"}, headers=ADMIN)
+        await wait_for(
+            lambda: r.other.get("avito", "888").state == "paused_by_person", within=5, what="the pause"
+        )
+
+
 async def test_another_process_sees_an_accounts_new_path_secret_pause_and_removal_at_once(
     keyed: Settings, pool: asyncpg.Pool
 ) -> None:
