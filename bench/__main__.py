@@ -3,7 +3,8 @@ figure next to its reference measured in the same run, the ratio, and the goal.
 
 Runs, in order, each as its own process writing bench/results/<name>.json: bench.intake
 (receiver vs pgbench), bench.relay (relay vs raw aio-pika publisher), bench.responder
-(responder vs bare consumer), bench.coalescer (100,000 open windows), bench.blocked
+(responder vs bare consumer), bench.coalescer (filing a backlog of 20,000 inbound messages;
+emission among 100,000 open windows), bench.blocked
 (10,000 chats behind a job in flight, the scheduler before and after), bench.pipeline
 (end to end: chatqueue, Celery, Postgres polling table), bench.accounts (1,000 accounts
 x 10 chats, bursts together: answered once, fairness between accounts). The table and every figure go
@@ -77,6 +78,15 @@ def rows() -> list[dict[str, Any]]:
                 "bare consumer + the same platform call", responder["bare_with_send_jobs_per_s"],
                 "(context)", None, "jobs/s")  # fmt: skip
     coalescer = load("coalescer-100000.json")
+    if coalescer and "filing" in coalescer:
+        f = coalescer["filing"]
+        row("coalescer", f"filing msg/s, a backlog of {f['messages']:,} messages of {f['chats']:,} chats",
+            f["messages_per_s"], "", None, "(context)", None, "msg/s")  # fmt: skip
+        row("coalescer", "messages filed per commit", f["messages_per_commit"], "", None, "(context)", None,
+            "msgs")  # fmt: skip
+        if "messages_per_ack" in f:
+            row("coalescer", "inbound messages per broker ack", f["messages_per_ack"], "", None, "(context)",
+                None, "msgs")  # fmt: skip
     if coalescer:
         row("coalescer", "emission lag p99, 100,000 open windows", coalescer["lag_p99_ms"], "", None,
             "p99 <= 1 s", coalescer["lag_p99_ms"] <= 1000, "ms")  # fmt: skip

@@ -169,7 +169,11 @@ class Settings(BaseSettings):
     reply_delay_min_seconds: float = Field(default=20.0, ge=0)
     reply_delay_max_seconds: float = Field(default=60.0, ge=0)
     max_wait_seconds: float = Field(default=120.0, ge=0)
-    coalescer_prefetch: int = Field(default=50, ge=1, le=5000)
+    coalescer_prefetch: int = Field(default=128, ge=1, le=5000)
+    # Filing in batches: the inbound messages delivered together, up to this many, filed
+    # in one transaction and acked with one ack (1: one each).
+    coalescer_file_batch_messages: int = Field(default=64, ge=1, le=1000)
+    coalescer_file_batch_wait_ms: float = Field(default=2.0, ge=0, le=50)
     coalescer_poll_seconds: float = Field(default=0.5, gt=0)
     coalescer_batch_size: int = Field(default=200, ge=1, le=5000)
     # The most one reply job carries; the rest of a window waits for the chat's next job.
@@ -329,6 +333,11 @@ class Settings(BaseSettings):
             raise ValueError("STUCK_JOB_SECONDS must exceed the longest retry delay (RETRY_DELAYS_SECONDS)")
         if self.admin_token_previous is not None and self.admin_token is None:
             raise ValueError("CHATQ_ADMIN_TOKEN_PREVIOUS is accepted only beside CHATQ_ADMIN_TOKEN")
+        if self.coalescer_file_batch_messages > self.coalescer_prefetch:
+            raise ValueError(
+                "CHATQ_COALESCER_FILE_BATCH_MESSAGES must not exceed CHATQ_COALESCER_PREFETCH "
+                "(a batch holds only messages the broker has delivered)"
+            )
         if self.admin_port is not None and self.admin_port == self.http_port:
             raise ValueError("CHATQ_ADMIN_PORT must differ from CHATQ_HTTP_PORT (unset it to share one port)")
         if self.production_guards:

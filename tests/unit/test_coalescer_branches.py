@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 
 from services.coalescer.service import Coalescer, job_id_for
+from services.coalescer.stores import Filing
 from services.coalescer.windows import WindowPolicy, open_window
 from shared.broker.consumer import Reject
 from shared.messages import InboundMessage, JobCaps
@@ -245,9 +246,9 @@ async def test_a_failed_transaction_leaves_nothing_behind(store: InMemoryWindows
     m = store.receive()
     with pytest.raises(RuntimeError):
         async with store.transaction() as tx:
-            chat = await tx.lock_chat(m.chat_key, m.operation_id)
+            (chat,) = await tx.lock_chats([(m.chat_key, m.operation_id)])
             assert chat.window is None
-            await tx.file(uuid.uuid4(), m, open_window(chat.now, POLICY, lambda: 0.0), opened=True)
+            await tx.file([Filing(uuid.uuid4(), m, open_window(chat.now, POLICY, lambda: 0.0), opened=True)])
             raise RuntimeError("the connection broke")
     assert await store.open_windows() == 0
     assert store.operation(m).status == OperationStatus.QUEUED
