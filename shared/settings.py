@@ -158,6 +158,9 @@ class Settings(BaseSettings):
     llm_model: str = "gpt-4o-mini"
     llm_timeout_seconds: float = Field(default=20.0, gt=0)
     facts_file: str | None = None
+    # The folder an account's facts_file override names a file in (None: accounts give
+    # their facts as text). Nothing outside it is read for an account.
+    facts_dir: str | None = None
     # The answer to a Telegram bot command (/start), sent without asking the model.
     greeting: str = DEFAULT_GREETING
 

@@ -15,6 +15,7 @@ import httpx
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.responder.llm import FACTS_FILE_NAME
 from shared.accounts import CREDENTIALS, OVERRIDES, REQUIRED, AccountRegistry, path_key
 from shared.connect import ConnectError, connect_avito, connect_telegram
 from shared.db import one
@@ -58,7 +59,8 @@ class Overrides(BaseModel):
 
     # Postgres text holds no NUL character: refused here as a 422, not a 500 from the write.
     facts: str | None = Field(default=None, min_length=1, max_length=100_000, pattern=NO_NUL)
-    facts_file: str | None = Field(default=None, min_length=1, max_length=1000, pattern=NO_NUL)
+    # A file name in CHATQ_FACTS_DIR: nothing else on the services' host is read for an account.
+    facts_file: str | None = Field(default=None, pattern=FACTS_FILE_NAME)
     llm_model: str | None = Field(default=None, min_length=1, max_length=200, pattern=NO_NUL)
     prompt: str | None = Field(default=None, min_length=1, max_length=20_000, pattern=NO_NUL)
     reply_delay_min_seconds: float | None = Field(default=None, ge=0, le=86400)
@@ -220,6 +222,12 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
         if body.platform == "avito" and _is_environments_path(request, credentials["webhook_secret"]):
             raise ApiError(
                 409, "webhook_secret_taken", "the environment's Avito account has this webhook secret"
+            )
+        if body.overrides.facts_file is not None and request.app.state.settings.facts_dir is None:
+            raise ApiError(
+                422,
+                "invalid_overrides",
+                "facts_file names a file in CHATQ_FACTS_DIR, which is not set: give the facts as text",
             )
         overrides = body.overrides.model_dump()
         key = path_key(credentials["webhook_secret"]) if body.platform == "avito" else None

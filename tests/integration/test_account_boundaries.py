@@ -191,20 +191,39 @@ async def test_a_generic_account_whose_id_has_a_slash_can_be_shown_paused_and_re
     assert (await pipeline.client.delete(path, headers=ADMIN)).json()["state"] == "removed"
 
 
-@pytest.mark.xfail(
-    strict=True,
-    reason="overrides.facts_file is any path on the responder's host, read into the reply writer's "
-    "prompt: the admin API reads the services' files (their environment, the secrets key file)",
-)
 async def test_an_accounts_facts_file_cannot_name_a_file_of_the_services_host(
-    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld, tmp_path: Path
 ) -> None:
+    """The admin token must not read the services' files (their environment, the secrets
+    key file) through an account's replies: a facts file is a plain name in FACTS_DIR."""
     async with running(keyed, pool) as p:
-        for path in ("/proc/self/environ", "../../etc/passwd"):
+        r = await p.client.post(
+            "/v1/accounts", json={**BOT2, "overrides": {"facts_file": "facts.txt"}}, headers=ADMIN
+        )
+        assert r.status_code == 422 and "CHATQ_FACTS_DIR" in r.text, r.text
+    async with running(replace(keyed, facts_dir=str(tmp_path)), pool) as p:
+        for path in ("/proc/self/environ", "../../etc/passwd", "..", ".env", "a/b.txt"):
             r = await p.client.post(
                 "/v1/accounts", json={**BOT2, "overrides": {"facts_file": path}}, headers=ADMIN
             )
             assert r.status_code == 422, r.text
+    assert await pool.fetchval("SELECT count(*) FROM accounts WHERE account_id = '5151'") == 0
+
+
+async def test_an_accounts_facts_file_in_the_facts_folder_writes_its_replies(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld, tmp_path: Path
+) -> None:
+    (tmp_path / "bot2.txt").write_text("[facts]\nprice, cost: Bot two sells it for 700 rub.\n")
+    bot2 = {**BOT2, "overrides": {"facts_file": "bot2.txt"}}
+    async with running(replace(keyed, facts_dir=str(tmp_path)), pool, bot2) as p:
+        r = await p.client.post(
+            "/v1/webhooks/telegram/5151",
+            json=telegram_update(1, chat_id=7, text="price?"),
+            headers=BOT2_SECRET,
+        )
+        assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
+    (sent,) = [m["text"] for m in world.telegram if str(m["bot"]) == "5151"]
+    assert "700 rub" in sent
 
 
 async def test_text_postgres_cannot_hold_is_refused_by_the_accounts_api_never_a_500(

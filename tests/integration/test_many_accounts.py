@@ -392,6 +392,10 @@ async def test_a_process_whose_notifications_connection_was_cut_listens_again_an
 ) -> None:
     async with two_processes(keyed, pool) as r:
         assert r.other.listening
+        # Postgres unreachable for the other process for a while (it would listen again
+        # within milliseconds otherwise), then its connection cut.
+        dsn = r.other._dsn
+        r.other._dsn = "postgresql://postgres@127.0.0.1:1/unreachable"
         cut = await pool.fetchval(
             "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
             " WHERE datname = current_database() AND query LIKE 'LISTEN%') t"
@@ -400,6 +404,8 @@ async def test_a_process_whose_notifications_connection_was_cut_listens_again_an
         await wait_for(lambda: not r.other.listening, within=5, what="the cut seen")
         # Changed while nobody listened: read when it listens again, not 3,600 s later.
         await add(r.client, SHOP2)
+        assert r.other.get("avito", "888") is None
+        r.other._dsn = dsn
         await wait_for(lambda: r.other.listening, within=15, what="listening again")
         await wait_for(lambda: r.other.get("avito", "888"), within=5, what="the account added meanwhile")
         # And from then on, notified as before.
