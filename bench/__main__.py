@@ -3,7 +3,8 @@ figure next to its reference measured in the same run, the ratio, and the goal.
 
 Runs, in order, each as its own process writing bench/results/<name>.json: bench.intake
 (receiver vs pgbench), bench.relay (relay vs raw aio-pika publisher), bench.responder
-(responder vs bare consumer), bench.coalescer (100,000 open windows), bench.blocked
+(responder vs bare consumer), bench.coalescer (filing a backlog of 20,000 inbound messages;
+emission among 100,000 open windows), bench.blocked
 (10,000 chats behind a job in flight, the scheduler before and after), bench.pipeline
 (end to end: chatqueue, Celery, Postgres polling table), bench.accounts (1,000 accounts
 x 10 chats, bursts together: answered once, fairness between accounts). The table and every figure go
@@ -84,6 +85,15 @@ def rows() -> list[dict[str, Any]]:
             row("responder", "Postgres transactions (round trips) per job", responder["transactions_per_job"],
                 "", None, "(context)", None, "")  # fmt: skip
     coalescer = load("coalescer-100000.json")
+    if coalescer and "filing" in coalescer:
+        f = coalescer["filing"]
+        row("coalescer", f"filing msg/s, a backlog of {f['messages']:,} messages of {f['chats']:,} chats",
+            f["messages_per_s"], "", None, "(context)", None, "msg/s")  # fmt: skip
+        row("coalescer", "messages filed per commit", f["messages_per_commit"], "", None, "(context)", None,
+            "msgs")  # fmt: skip
+        if "messages_per_ack" in f:
+            row("coalescer", "inbound messages per broker ack", f["messages_per_ack"], "", None, "(context)",
+                None, "msgs")  # fmt: skip
     if coalescer:
         row("coalescer", "emission lag p99, 100,000 open windows", coalescer["lag_p99_ms"], "", None,
             "p99 <= 1 s", coalescer["lag_p99_ms"] <= 1000, "ms")  # fmt: skip
@@ -117,9 +127,19 @@ def rows() -> list[dict[str, Any]]:
                 ref = pipe[peer]["throughput"]
                 row("peers", f"chatqueue end-to-end msg/s vs {peer}", cq["throughput"], label, ref,
                     "ratio >= 1.5", cq["throughput"] / ref >= 1.5, "msg/s")  # fmt: skip
-                if machine_ms(cq) and machine_ms(pipe[peer]):
-                    row("peers", f"CPU ms per reply (services, Postgres, RabbitMQ) vs {peer}", machine_ms(cq),
-                        label, machine_ms(pipe[peer]), "(context)", None, "ms")  # fmt: skip
+                mine, theirs = machine_ms(cq), machine_ms(pipe[peer])
+                if mine and theirs:
+                    # The goal is against the polling table; Celery's is context.
+                    goal, met = ("ratio <= 1.0", mine <= theirs) if peer == "polling" else ("(context)", None)
+                    row("peers", f"CPU ms per reply (services, Postgres, RabbitMQ) vs {peer}", mine,
+                        label, theirs, goal, met, "ms")  # fmt: skip
+        writes = cq.get("row_writes")
+        if writes:
+            top = ", ".join(f"{t} {w['index_entries']:.1f}" for t, w in list(writes["per_table"].items())[:4])
+            row("end to end", f"Postgres index entries written per reply, at most (most: {top})", writes["index_entries"],
+                "", None, "(context)", None, "entries")  # fmt: skip
+            row("end to end", "Postgres rows written per reply (inserted, updated, deleted)", writes["rows_written"],
+                "", None, "(context)", None, "rows")  # fmt: skip
         for name, mb in cq["peak_rss_mb"].items():
             row(
                 "memory", f"{name} peak RSS under end-to-end load", mb, "", None, "<= 150 MB", mb <= 150, "MB"
@@ -128,6 +148,9 @@ def rows() -> list[dict[str, Any]]:
     if accounts:
         row("accounts", f"{accounts['accounts']:,} accounts x {accounts['chats'] // accounts['accounts']} chats: bursts answered once",
             accounts["chats_answered"], "chats", accounts["chats"], "every one, once", accounts["answered_once"], "chats")  # fmt: skip
+        row("accounts", "bursts answered twice (stored within the quiet time; "
+            f"{accounts['bursts_split_at_the_door']} stored further apart got two)", accounts["bursts_answered_twice"],
+            "", None, "0", accounts["bursts_answered_twice"] == 0, "bursts")  # fmt: skip
         row("accounts", "worst account's p99 receipt-to-reply", accounts["account_p99_worst_s"],
             "median account's p99", accounts["account_p99_median_s"], "ratio <= 2",
             accounts["fairness_ratio"] is not None and accounts["fairness_ratio"] <= 2, "s")  # fmt: skip

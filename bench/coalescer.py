@@ -1,7 +1,15 @@
-"""Coalescer benchmark: the claim query's plan with many open windows, and how late
-windows are emitted after their due time.
+"""Coalescer benchmark: how fast inbound messages are filed into windows, the claim
+query's plan with many open windows, and how late windows are emitted after their due time.
 
-Usage: python -m bench.coalescer [--open 100000] [--due 10000] [--spread 10]
+Usage: python -m bench.coalescer [--file-messages 20000] [--file-chats 5000] [--open 100000]
+                                 [--due 10000] [--spread 10] [--file-batch N]
+
+Filing: ``--file-messages`` inbound messages of ``--file-chats`` chats (interleaved, as
+bursts arrive) are stored as the receiver stores them and published to the coalescer's
+queue in a private vhost; then the real consumer (services/coalescer/app.py's, with the
+default prefetch and batch settings) drains that backlog. Reported: messages/s,
+messages filed per Postgres commit (pg_stat_database of the fresh database), messages per
+broker ack, and the CPU of this process and of Postgres' backends per message.
 
 Open windows are written straight into a fresh database (``--open`` of them, ``--due`` of
 those falling due evenly over the next ``--spread`` seconds, the rest hours away); then
@@ -14,19 +22,36 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import json
+import os
 import statistics
 import time
+import uuid
+from datetime import UTC, datetime, timedelta
 
+import asyncpg
+
+from bench.blocked import cpu_seconds
 from bench.support import RESULTS, add_infra_arguments, drop_database, fresh_database, private_vhost
+from services.coalescer.app import inbound_consumer
 from services.coalescer.service import Coalescer
 from services.coalescer.stores import _CLAIM_DUE
 from services.coalescer.windows import WindowPolicy
 from shared.broker.connection import BrokerConnection
-from shared.broker.publisher import ConfirmingPublisher
-from shared.broker.topology import JOBS_EXCHANGE, build_topology
+from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
+from shared.broker.topology import (
+    COALESCER_QUEUE,
+    INBOUND_EXCHANGE,
+    JOBS_EXCHANGE,
+    build_topology,
+    inbound_routing_key,
+)
 from shared.db import create_pool
+from shared.messages import InboundMessage
+from shared.metrics import ACK_MESSAGES
 from shared.outbox import Relay
+from shared.settings import Settings
 
 SEED = """
 INSERT INTO operations (id, platform, account_id, chat_id, message_id, author_id, text, sent_at, status,
@@ -58,12 +83,135 @@ WHERE chat_id::int <= $1
 
 
 async def run(args: argparse.Namespace) -> dict[str, object]:
+    result: dict[str, object] = {}
+    if args.file_messages:
+        name, db_url = await fresh_database(args.admin_database_url)
+        try:
+            async with private_vhost(args.amqp_url, args.rabbitmq_api_url) as amqp_url:
+                result["filing"] = await measure_filing(args, db_url, amqp_url)
+        finally:
+            await drop_database(args.admin_database_url, name)
     name, db_url = await fresh_database(args.admin_database_url)
     try:
         async with private_vhost(args.amqp_url, args.rabbitmq_api_url) as amqp_url:
-            return await measure(args, db_url, amqp_url)
+            return {**await measure(args, db_url, amqp_url), **result}
     finally:
         await drop_database(args.admin_database_url, name)
+
+
+STORE_INBOUND = """
+INSERT INTO operations (id, platform, account_id, chat_id, message_id, author_id, text, sent_at, status,
+                        received_at, payload)
+SELECT v.id, 'telegram', '777', v.chat_id, v.message_id, 'buyer', 'Hello, is it available?', v.at, 'queued',
+       v.at, '{}'
+FROM unnest($1::uuid[], $2::text[], $3::text[], $4::timestamptz[]) AS v(id, chat_id, message_id, at)
+"""
+
+
+async def commits(db_url: str) -> int:
+    """Transactions committed in the database so far. Read from a new connection after the
+    others closed: a backend reports its counts at the latest when it exits."""
+    await asyncio.sleep(0.5)
+    conn = await asyncpg.connect(db_url)
+    try:
+        n: int = await conn.fetchval(
+            "SELECT xact_commit FROM pg_stat_database WHERE datname = current_database()"
+        )
+        return n
+    finally:
+        await conn.close()
+
+
+def filing_settings(args: argparse.Namespace) -> Settings:
+    """The coalescer's settings: the defaults, with the batch size asked for."""
+    overrides = {} if args.file_batch is None else {"coalescer_file_batch_messages": args.file_batch}
+    return Settings(_env_file=None, **overrides)  # type: ignore[call-arg]
+
+
+def acked_messages(acks: object) -> float:
+    """Messages per ack so far: the histogram's sum over its count."""
+    values = {s.name: s.value for m in acks.collect() for s in m.samples}  # type: ignore[attr-defined]
+    count = values.get("chatq_consumer_ack_messages_count", 0)
+    return values.get("chatq_consumer_ack_messages_sum", 0) / count if count else float("nan")
+
+
+async def measure_filing(args: argparse.Namespace, db_url: str, amqp_url: str) -> dict[str, object]:
+    """Drain a backlog of inbound messages through the real consumer and coalescer."""
+    now = datetime.now(UTC)
+    messages = [
+        InboundMessage(
+            operation_id=uuid.uuid4(), platform="telegram", account_id="777", chat_id=str(i % args.file_chats),
+            message_id=str(i + 1), author_id="buyer", text="Hello, is it available?",
+            sent_at=now + timedelta(microseconds=i), received_at=now + timedelta(microseconds=i),
+        )
+        for i in range(args.file_messages)
+    ]  # fmt: skip
+    settings = filing_settings(args)
+    pool = await create_pool(db_url, size=settings.database_pool_size)
+    await pool.execute(
+        STORE_INBOUND,
+        [m.operation_id for m in messages],
+        [m.chat_id for m in messages],
+        [m.message_id for m in messages],
+        [m.received_at for m in messages],
+    )
+    broker = BrokerConnection(amqp_url, build_topology(), name="bench-coalescer-filing")
+    publisher = ConfirmingPublisher(broker)
+    for start in range(0, len(messages), 1000):
+        errors = await publisher.publish_many(
+            [
+                OutgoingMessage(INBOUND_EXCHANGE, inbound_routing_key(m.platform), str(m.operation_id), m.to_bytes())
+                for m in messages[start : start + 1000]
+            ]
+        )  # fmt: skip
+        if any(errors):
+            raise RuntimeError(f"publishing the backlog failed: {next(e for e in errors if e)}")
+    await pool.close()
+    before = await commits(db_url)
+    pool = await create_pool(db_url, size=settings.database_pool_size)
+    # Long pauses: nothing falls due while the backlog drains (the scheduler is not run).
+    coalescer = Coalescer(pool, WindowPolicy(quiet=600, delay_min=600, delay_max=600, max_wait=1200))
+    consumer = inbound_consumer(broker, coalescer, settings, build_topology())
+    pg_pids = [
+        r[0] for r in await pool.fetch("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+    ]
+    cpu_before = cpu_seconds([os.getpid()]) + cpu_seconds(pg_pids)
+    started = time.perf_counter()
+    task = asyncio.create_task(consumer.run())
+    polls = 0
+    while (filed := await pool.fetchval("SELECT count(*) FROM window_messages")) < len(messages):
+        polls += 1
+        if time.perf_counter() - started > 600:
+            raise RuntimeError(f"only {filed} of {len(messages)} messages filed in 600 s")
+        await asyncio.sleep(0.05)
+    elapsed = time.perf_counter() - started
+    pg_pids = [
+        r[0] for r in await pool.fetch("SELECT pid FROM pg_stat_activity WHERE datname = current_database()")
+    ]
+    cpu = cpu_seconds([os.getpid()]) + cpu_seconds(pg_pids) - cpu_before
+    await consumer.stop(drain_seconds=10)
+    task.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await task
+    windows = await pool.fetchval("SELECT count(*) FROM chat_windows WHERE status = 'open'")
+    await pool.close()
+    await broker.close()
+    # The bench's own polls and the two statements around them are transactions too.
+    filing_commits = await commits(db_url) - before - polls - 4
+    acks = ACK_MESSAGES.labels(queue=COALESCER_QUEUE)
+    return {
+        "batch_messages": settings.coalescer_file_batch_messages,
+        "prefetch": settings.coalescer_prefetch,
+        "messages_per_ack": acked_messages(acks),
+        "messages": len(messages),
+        "chats": args.file_chats,
+        "windows": windows,
+        "seconds": round(elapsed, 3),
+        "messages_per_s": len(messages) / elapsed,
+        "commits": filing_commits,
+        "messages_per_commit": len(messages) / max(filing_commits, 1),
+        "cpu_ms_per_message": cpu * 1000 / len(messages),
+    }
 
 
 async def measure(args: argparse.Namespace, db_url: str, amqp_url: str) -> dict[str, object]:
@@ -154,9 +302,24 @@ def main() -> None:
     parser.add_argument("--due", type=int, default=10_000)
     parser.add_argument("--spread", type=float, default=10.0)
     parser.add_argument("--batch", type=int, default=200)
+    parser.add_argument("--file-messages", type=int, default=20_000, help="0: no filing phase")
+    parser.add_argument("--file-chats", type=int, default=5_000)
+    parser.add_argument(
+        "--file-batch",
+        type=int,
+        help="CHATQ_COALESCER_FILE_BATCH_MESSAGES (default: the setting's; 1: one each)",
+    )
     add_infra_arguments(parser)
     args = parser.parse_args()
     r = asyncio.run(run(args))
+    if "filing" in r:
+        f = r["filing"]
+        print(
+            f"coalescer filing: {f['messages']} messages of {f['chats']} chats in {f['seconds']:.1f} s: "
+            f"{f['messages_per_s']:.0f} msg/s, {f['messages_per_commit']:.1f} messages per commit, "
+            f"{f['messages_per_ack']:.1f} per ack (batches of up to {f['batch_messages']}, prefetch {f['prefetch']}), "
+            f"{f['cpu_ms_per_message']:.2f} ms CPU per message (this process + Postgres)"
+        )
     print(
         f"coalescer: {r['open_windows']} open windows, {r['due_windows']} falling due over {r['spread_seconds']}s"
     )

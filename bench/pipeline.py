@@ -174,6 +174,41 @@ async def started_services(settings: Settings) -> dict[str, Receiver | Worker]:
     return procs
 
 
+async def row_writes(conn: asyncpg.Connection) -> dict[str, Any]:
+    """Where Postgres' share of the CPU goes: each table's row writes (inserted, updated and
+    how many of those were HOT, deleted) and its indexes, per reply sent, over the whole
+    run. A non-HOT update writes a new entry into every index of its table; the count takes
+    every index as written (a partial index whose predicate the row misses is not), so it
+    is an upper bound."""
+    replies = await conn.fetchval("SELECT count(*) FROM reply_jobs WHERE status = 'sent'") or 1
+    rows = await conn.fetch(
+        """
+        SELECT t.relname AS table, t.n_tup_ins AS ins, t.n_tup_upd AS upd, t.n_tup_hot_upd AS hot,
+               t.n_tup_del AS del,
+               (SELECT count(*) FROM pg_index i WHERE i.indrelid = t.relid) AS indexes
+        FROM pg_stat_user_tables t
+        WHERE t.n_tup_ins + t.n_tup_upd + t.n_tup_del > 0
+        """
+    )
+    per = {
+        r["table"]: {
+            "inserted": r["ins"] / replies,
+            "updated": r["upd"] / replies,
+            "hot": r["hot"] / replies,
+            "deleted": r["del"] / replies,
+            "indexes": r["indexes"],
+            # Index entries written: one per index for an insert and a non-HOT update (at most).
+            "index_entries": (r["ins"] + r["upd"] - r["hot"]) * r["indexes"] / replies,
+        }
+        for r in rows
+    }
+    return {
+        "per_table": dict(sorted(per.items(), key=lambda kv: -kv[1]["index_entries"])),
+        "rows_written": sum(t["inserted"] + t["updated"] + t["deleted"] for t in per.values()),
+        "index_entries": sum(t["index_entries"] for t in per.values()),
+    }
+
+
 async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any]:
     async with fresh(args) as (db_url, amqp_url):
         settings = instant_settings(db_url, amqp_url, world)
@@ -206,6 +241,7 @@ async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any
             unanswered = await conn.fetchval(
                 "SELECT count(*) FROM operations WHERE status NOT IN ('replied', 'ignored')"
             )
+            writes = await row_writes(conn)
             await conn.close()
             rss = {name: peak_rss_mb(p.proc.pid) for name, p in procs.items() if p.proc}
         finally:
@@ -220,6 +256,7 @@ async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any
             "paced_measured": row["n"],
             "unanswered_at_end": unanswered,
             "peak_rss_mb": rss,
+            "row_writes": writes,
         }
 
 

@@ -3,8 +3,12 @@ sender the deployment answers for is a row of ``accounts``, with its own credent
 (encrypted, ``shared.secretbox``), webhook and overrides of the global settings.
 
 Each process holds an ``AccountRegistry``: every account, credentials decrypted, read at
-start, again every ACCOUNTS_REFRESH_SECONDS, and at once when the table changes (LISTEN
-chatq_accounts, ``shared/functions/50_accounts.sql``). Credentials never leave the
+start and again every ACCOUNTS_REFRESH_SECONDS; an account that changes is read again at
+once, alone (LISTEN chatq_accounts on a connection of its own, outside the pool: the
+notification names the account, ``shared/functions/50_accounts.sql``), so adding an
+account costs the same with ten accounts or ten thousand. A lost listening connection
+(Postgres restarted) is opened again every RELISTEN_SECONDS, then every account is read,
+since what changed meanwhile was not notified. Credentials never leave the
 process: nothing here renders them (``Account.__repr__`` hides them), the admin API
 returns only which ones are set.
 
@@ -22,6 +26,7 @@ from __future__ import annotations
 import asyncio
 import contextlib
 import hashlib
+import json
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -35,6 +40,8 @@ from shared.settings import Settings
 logger = logging.getLogger(__name__)
 
 CHANNEL = "chatq_accounts"
+#: While the notifications' connection is down, how often it is tried again.
+RELISTEN_SECONDS = 5.0
 
 #: The per-account overrides of global settings (columns of ``accounts``).
 OVERRIDES = (
@@ -101,12 +108,16 @@ SELECT platform, account_id, name, state, state_reason, source, removed_at IS NO
        credentials, {", ".join(OVERRIDES)}
 FROM accounts
 """
+_SELECT_SOME = _SELECT + "WHERE (platform, account_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
 
 
-def account_of(row: asyncpg.Record, box: SecretBox | None) -> Account:
+def account_of(row: asyncpg.Record, box: SecretBox | None, opened: dict[str, str] | None = None) -> Account:
+    """The row as an Account; ``opened``: its credentials, already decrypted."""
     credentials: dict[str, str] = {}
     sealed = None
-    if row["credentials"] is not None:
+    if opened is not None:
+        credentials = opened
+    elif row["credentials"] is not None:
         try:
             if box is None:
                 raise SecretsUnavailable("no SECRETS_KEY")
@@ -127,8 +138,25 @@ def account_of(row: asyncpg.Record, box: SecretBox | None) -> Account:
     )
 
 
+def _path_of(account: Account) -> str | None:
+    """The key an Avito account's webhook path is found by (None: it has no path of its own)."""
+    secret = account.credentials.get("webhook_secret")
+    if account.owns_credentials and account.platform == "avito" and secret:
+        return path_key(secret)
+    return None
+
+
+Key = tuple[str, str]
+
+
 class AccountRegistry:
-    """Every account, in memory, kept current (see the module's docstring)."""
+    """Every account, in memory, kept current (see the module's docstring).
+
+    What a change costs does not grow with the number of accounts: a notification names
+    the account that changed and only its row is read again (``refresh_accounts``), and
+    credentials are decrypted only when their sealed value (or the keys) changed, also at
+    the periodic read of every row. ``rows_read`` and ``decrypted`` count both since start
+    (a test holds them per added account)."""
 
     def __init__(
         self, pool: asyncpg.Pool, box: SecretBox, *, refresh_seconds: float = 30.0, dsn: str | None = None
@@ -137,13 +165,22 @@ class AccountRegistry:
         self._dsn = dsn
         self.box = box
         self._refresh_seconds = refresh_seconds
-        self._accounts: dict[tuple[str, str], Account] = {}
+        self._accounts: dict[Key, Account] = {}
         self._by_path: dict[str, Account] = {}
+        #: Each account's sealed credentials and what they opened to, under ``_generation``'s keys.
+        self._opened: dict[Key, tuple[bytes, dict[str, str]]] = {}
+        self._generation = box.generation
+        #: Reads of the table one at a time, so a later read is never overwritten by an earlier one.
+        self._lock = asyncio.Lock()
+        self._pending: set[Key] = set()
+        self._read_all = False
         self._changed = asyncio.Event()
         self._task: asyncio.Task[None] | None = None
         self._listener: asyncpg.Connection | None = None
         #: Incremented at each refresh that changed something.
         self.version = 0
+        self.rows_read = 0
+        self.decrypted = 0
 
     @classmethod
     def from_settings(cls, pool: asyncpg.Pool, settings: Settings) -> AccountRegistry:
@@ -166,59 +203,173 @@ class AccountRegistry:
     def all(self) -> Iterable[Account]:
         return self._accounts.values()
 
-    async def refresh(self) -> None:
-        """Read every account again (and the key file, during a rotation)."""
+    def _account(self, row: asyncpg.Record) -> Account:
+        """The row as an Account, its credentials decrypted only if they changed since the
+        last read (or the keys did)."""
+        key = (row["platform"], row["account_id"])
+        token = row["credentials"]
+        if token is None:
+            self._opened.pop(key, None)
+            return account_of(row, self.box)
+        sealed = bytes(token)
+        known = self._opened.get(key)
+        if known is not None and known[0] == sealed:
+            return account_of(row, self.box, known[1])
+        self.decrypted += 1
+        account = account_of(row, self.box)
+        if account.sealed is None:
+            self._opened[key] = (sealed, account.credentials)
+        else:
+            self._opened.pop(key, None)
+            if account.owns_credentials:
+                logger.error(
+                    "%s account %s: its credentials cannot be opened (%s); it is not served",
+                    account.platform,
+                    account.account_id,
+                    account.sealed,
+                )
+        return account
+
+    def _reload_keys(self) -> bool:
+        """Read the keys again (the key file, during a rotation); True when they changed."""
         try:
             self.box.reload()
         except SecretsUnavailable as exc:
             logger.warning("accounts: %s", exc)
+        if self.box.generation == self._generation:
+            return False
+        self._generation = self.box.generation
+        self._opened.clear()  # what the old keys opened is opened again (or not) by the new
+        return True
+
+    async def refresh(self) -> None:
+        """Read every account again (and the key file, during a rotation): at start, every
+        ACCOUNTS_REFRESH_SECONDS, and when a notification could not say which account."""
+        async with self._lock:
+            self._reload_keys()
+            await self._read_all_rows()
+
+    async def _read_all_rows(self) -> None:
         rows = await self._pool.fetch(_SELECT)
-        accounts = {(r["platform"], r["account_id"]): account_of(r, self.box) for r in rows}
-        by_path = {
-            path_key(a.credentials["webhook_secret"]): a
-            for a in accounts.values()
-            if a.owns_credentials and a.platform == "avito" and a.credentials.get("webhook_secret")
-        }
-        for a in accounts.values():
-            if a.sealed and a.owns_credentials:
-                logger.error(
-                    "%s account %s: its credentials cannot be opened (%s); it is not served",
-                    a.platform,
-                    a.account_id,
-                    a.sealed,
-                )
-        if {k: (a, a.fingerprint) for k, a in accounts.items()} != {
-            k: (a, a.fingerprint) for k, a in self._accounts.items()
-        }:
+        self.rows_read += len(rows)
+        accounts = {(r["platform"], r["account_id"]): self._account(r) for r in rows}
+        for gone in self._opened.keys() - accounts.keys():
+            del self._opened[gone]
+        by_path = {path: a for a in accounts.values() if (path := _path_of(a)) is not None}
+        if accounts.keys() != self._accounts.keys() or any(
+            _changed(self._accounts[k], a) for k, a in accounts.items()
+        ):
             self.version += 1
         self._accounts, self._by_path = accounts, by_path
 
+    async def refresh_accounts(self, keys: Iterable[Key]) -> None:
+        """Read these accounts again (a change to them was notified, or made here): one
+        query, by the primary key, whatever the number of accounts. (Every account, when
+        the keys changed.)"""
+        wanted = set(keys)
+        if not wanted:
+            return
+        async with self._lock:
+            if self._reload_keys():
+                await self._read_all_rows()
+                return
+            rows = await self._pool.fetch(_SELECT_SOME, [k[0] for k in wanted], [k[1] for k in wanted])
+            self.rows_read += len(rows)
+            found = {(r["platform"], r["account_id"]): self._account(r) for r in rows}
+            changed = False
+            for key in wanted:
+                old, new = self._accounts.get(key), found.get(key)
+                if old is not None and (path := _path_of(old)) is not None and self._by_path.get(path) is old:
+                    del self._by_path[path]
+                if new is None:
+                    self._accounts.pop(key, None)
+                    self._opened.pop(key, None)
+                else:
+                    self._accounts[key] = new
+                    if (path := _path_of(new)) is not None:
+                        self._by_path[path] = new
+                changed = changed or old is None or new is None or _changed(old, new)
+            if changed:
+                self.version += 1
+
+    async def refresh_account(self, platform: str, account_id: str) -> None:
+        """Read this account again: the admin API's change seen by the process that made it
+        before it answers (the others hear of it by notification)."""
+        await self.refresh_accounts([(platform, account_id)])
+
     async def start(self) -> None:
         """Read the accounts, then keep them current in the background."""
+        # It listens before the first read, so no change falls between the two.
+        await self._listen()
         await self.refresh()
-        if self._dsn is not None:
-            try:
-                # Its own connection, outside the pool: the pool's size is the work's.
-                self._listener = await asyncpg.connect(self._dsn)
-                await self._listener.add_listener(CHANNEL, self._notified)
-            except (OSError, asyncpg.PostgresError) as exc:
-                logger.warning(
-                    "accounts: no change notifications (%s); reading every %gs", exc, self._refresh_seconds
-                )
         self._task = asyncio.create_task(self._run(), name="accounts-refresh")
 
-    def _notified(self, *_: object) -> None:
+    @property
+    def listening(self) -> bool:
+        return self._listener is not None and not self._listener.is_closed()
+
+    async def _listen(self) -> bool:
+        """LISTEN on a connection of its own, outside the pool (the pool's size is the
+        work's). False when Postgres cannot be reached: the caller tries again."""
+        if self._dsn is None:
+            return False
+        try:
+            listener = await asyncpg.connect(self._dsn)
+        except (OSError, asyncpg.PostgresError) as exc:
+            logger.warning(
+                "accounts: no change notifications (%s); trying again in %gs, reading every %gs",
+                exc,
+                RELISTEN_SECONDS,
+                self._refresh_seconds,
+            )
+            return False
+        try:
+            await listener.add_listener(CHANNEL, self._notified)
+        except (OSError, asyncpg.PostgresError) as exc:
+            logger.warning("accounts: LISTEN refused (%s); trying again in %gs", exc, RELISTEN_SECONDS)
+            with contextlib.suppress(Exception):
+                await listener.close(timeout=2)
+            return False
+        listener.add_termination_listener(self._lost)
+        self._listener = listener
+        return True
+
+    def _lost(self, _conn: object) -> None:
+        """The listening connection ended (Postgres restarted, a proxy cut it): changes
+        made from now on are not notified until it listens again."""
+        logger.warning("accounts: the change notifications' connection was lost; listening again")
+        self._changed.set()
+
+    def _notified(self, _conn: object, _pid: int, _channel: str, payload: object) -> None:
+        try:
+            platform, account_id = json.loads(str(payload))
+            self._pending.add((str(platform), str(account_id)))
+        except (ValueError, TypeError):
+            self._read_all = True  # no account named (an id too long for a notification)
         self._changed.set()
 
     async def _run(self) -> None:
+        loop = asyncio.get_running_loop()
+        due = loop.time() + self._refresh_seconds
         while True:
+            wake = due if self.listening or self._dsn is None else min(due, loop.time() + RELISTEN_SECONDS)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=self._refresh_seconds)
+                await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, wake - loop.time()))
             self._changed.clear()
+            if self._dsn is not None and not self.listening and await self._listen():
+                # What changed while nobody listened was not notified: read everything.
+                self._read_all = True
+            pending, self._pending = self._pending, set()
+            everything, self._read_all = self._read_all or loop.time() >= due, False
             try:
-                await self.refresh()
+                if everything:
+                    due = loop.time() + self._refresh_seconds
+                    await self.refresh()
+                else:
+                    await self.refresh_accounts(pending)
             except Exception as exc:  # the database away: keep the accounts known
                 logger.warning("accounts not refreshed: %s", exc)
+                self._read_all = self._read_all or bool(pending)  # at the next wake
 
     async def aclose(self) -> None:
         await self.stop()
@@ -229,9 +380,14 @@ class AccountRegistry:
             with contextlib.suppress(asyncio.CancelledError, Exception):
                 await self._task
         if self._listener is not None:
+            listener, self._listener = self._listener, None
+            listener.remove_termination_listener(self._lost)
             with contextlib.suppress(Exception):
-                await self._listener.close(timeout=2)
-            self._listener = None
+                await listener.close(timeout=2)
+
+
+def _changed(old: Account, new: Account) -> bool:
+    return old != new or old.fingerprint != new.fingerprint
 
 
 # The Avito accounts the inbox has messages of and no row (a skip scan of

@@ -123,6 +123,8 @@ def _list(api: Api, args: argparse.Namespace) -> str:
         params["status"] = args.status
     if args.older_than:
         params["older_than"] = args.older_than
+    if args.account:
+        params["account"] = args.account
     ops = api.call("GET", "/v1/operations", params=params)["operations"]
     if args.json:
         return json.dumps(ops, indent=2, ensure_ascii=False)
@@ -171,11 +173,13 @@ def _chats(api: Api, args: argparse.Namespace) -> str:
             raise CliError(EXIT_USAGE, "chatq chats resume PLATFORM:ACCOUNT:CHAT")
         api.call("POST", f"/v1/chats/{quote(args.chat, safe=':')}/resume")
         return f"{args.chat}: handed back to the bot; its waiting messages are answered after the usual pause"
-    held = api.call("GET", "/v1/chats?held=true")["chats"]
+    params = {"held": "true"} | ({"account": args.account} if args.account else {})
+    held = api.call("GET", "/v1/chats", params=params)["chats"]
     rows = [(c["chat"], c["held_until"], c["seller_message_id"], c["waiting_messages"]) for c in held]
+    scope = f" of account {args.account}" if args.account else ""
     return (
         table(rows, ("chat", "held until", "seller's message", "waiting"))
-        + f"\n{len(rows)} chat(s) held by the seller"
+        + f"\n{len(rows)} chat(s){scope} held by the seller"
     )
 
 
@@ -429,6 +433,7 @@ def parser() -> argparse.ArgumentParser:
     s = sub.add_parser("list", help="operations, newest first")
     s.add_argument("--status", help="comma-separated, e.g. failed,needs_review")
     s.add_argument("--older-than", help="e.g. 90, 15m, 2h")
+    s.add_argument("--account", help="one account's operations: PLATFORM:ACCOUNT_ID")
     s.add_argument("--limit", type=int, default=50)
     s.add_argument("--json", action="store_true")
     s.set_defaults(run=_list, api=True)
@@ -453,6 +458,7 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("action", choices=["list", "resume"])
     s.add_argument("chat", nargs="?", help="PLATFORM:ACCOUNT:CHAT (resume)")
+    s.add_argument("--account", help="list: one account's chats: PLATFORM:ACCOUNT_ID")
     s.set_defaults(run=_chats, api=True)
     s = sub.add_parser("stats", help="backlog, oldest unfinished, failed share, retries, reply time")
     s.add_argument("--account", help="one account's numbers: PLATFORM:ACCOUNT_ID")

@@ -26,6 +26,12 @@ INTAKE_BATCH_ROWS = Histogram(
     "Webhook rows written by one committed intake statement (group commit).",
     buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
 )
+ACK_MESSAGES = Histogram(
+    "chatq_consumer_ack_messages",
+    "Messages settled by one ack (a multiple ack covers a whole batch), by queue.",
+    ["queue"],
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 OPERATIONS = Counter(
     "chatq_operations_total",
     "Operations reaching a final state, by outcome (replied, failed, needs_review, ignored).",

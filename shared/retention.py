@@ -30,15 +30,17 @@ logger = logging.getLogger(__name__)
 RETENTION_LOCK_KEY = 0x63686174_70757267  # "chatpurg"
 
 # (table, statement): $1 = cutoff, $2 = chunk size; each returns the rows deleted from
-# ``table`` (the status of the last DELETE).
+# ``table`` (the status of the last DELETE). Operations and jobs are found by their receipt
+# and creation indexes (written once), then checked for updated_at: an updated_at index
+# would take an entry at every state change (migration 0024).
 _STEPS: tuple[tuple[str, str], ...] = (
     (
         "operations",
         """
         WITH victims AS (
             SELECT id FROM operations
-            WHERE status IN ('replied', 'ignored') AND updated_at < $1
-            ORDER BY updated_at LIMIT $2
+            WHERE status IN ('replied', 'ignored') AND received_at < $1 AND updated_at < $1
+            ORDER BY received_at LIMIT $2
             FOR UPDATE SKIP LOCKED
         ), wm AS (
             DELETE FROM window_messages WHERE operation_id IN (SELECT id FROM victims)
@@ -53,9 +55,9 @@ _STEPS: tuple[tuple[str, str], ...] = (
         """
         WITH victims AS (
             SELECT j.id FROM reply_jobs j
-            WHERE j.status IN ('sent', 'failed', 'superseded') AND j.updated_at < $1
+            WHERE j.status IN ('sent', 'failed', 'superseded') AND j.created_at < $1 AND j.updated_at < $1
               AND NOT EXISTS (SELECT 1 FROM operations o WHERE o.job_id = j.id)
-            ORDER BY j.updated_at LIMIT $2
+            ORDER BY j.created_at LIMIT $2
             FOR UPDATE OF j SKIP LOCKED
         ), d AS (
             DELETE FROM deliveries WHERE job_id IN (SELECT id FROM victims)

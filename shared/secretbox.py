@@ -41,6 +41,9 @@ class SecretBox:
         self._inline = keys
         self._file = key_file
         self._fernet: MultiFernet | None = None
+        self._text: str | None = None
+        #: Incremented whenever the keys change (a rotation): what they opened may not open now.
+        self.generation = 0
         self.reload()
 
     def reload(self) -> None:
@@ -53,7 +56,13 @@ class SecretBox:
                 if self._fernet is not None:
                     return  # keep the keys in use; the file is being replaced
                 raise SecretsUnavailable(f"cannot read SECRETS_KEY_FILE: {exc.strerror}") from None
+            if not text.strip() and self._fernet is not None:
+                return  # caught empty while it is rewritten: keep the keys in use
+        if self.generation and text == self._text:
+            return  # the same keys: what they opened stays open
         self._fernet = MultiFernet(parse_keys(text)) if text else None
+        self._text = text
+        self.generation += 1
 
     @property
     def configured(self) -> bool:

@@ -37,6 +37,9 @@ PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "placeholder", "examp
 MIN_DISTINCT_CHARACTERS = 8
 # Database statements of one reply job (claim, intent, record), in the drain arithmetic.
 JOB_BOOKKEEPING_SECONDS = 5.0
+#: Every process (receiver, coalescer, responder) holds one Postgres connection outside its
+#: pool, listening for account changes (``shared.accounts.AccountRegistry``).
+ACCOUNTS_LISTEN_CONNECTIONS = 1
 GENERATE_HINT = "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
 
 #: Chat.type's documented values (Bot API: "private", "group", "supergroup" or "channel").
@@ -155,6 +158,9 @@ class Settings(BaseSettings):
     llm_model: str = "gpt-4o-mini"
     llm_timeout_seconds: float = Field(default=20.0, gt=0)
     facts_file: str | None = None
+    # The folder an account's facts_file override names a file in (None: accounts give
+    # their facts as text). Nothing outside it is read for an account.
+    facts_dir: str | None = None
     # The answer to a Telegram bot command (/start), sent without asking the model.
     greeting: str = DEFAULT_GREETING
 
@@ -163,7 +169,11 @@ class Settings(BaseSettings):
     reply_delay_min_seconds: float = Field(default=20.0, ge=0)
     reply_delay_max_seconds: float = Field(default=60.0, ge=0)
     max_wait_seconds: float = Field(default=120.0, ge=0)
-    coalescer_prefetch: int = Field(default=50, ge=1, le=5000)
+    coalescer_prefetch: int = Field(default=128, ge=1, le=5000)
+    # Filing in batches: the inbound messages delivered together, up to this many, filed
+    # in one transaction and acked with one ack (1: one each).
+    coalescer_file_batch_messages: int = Field(default=64, ge=1, le=1000)
+    coalescer_file_batch_wait_ms: float = Field(default=2.0, ge=0, le=50)
     coalescer_poll_seconds: float = Field(default=0.5, gt=0)
     coalescer_batch_size: int = Field(default=200, ge=1, le=5000)
     # The most one reply job carries; the rest of a window waits for the chat's next job.
@@ -326,6 +336,11 @@ class Settings(BaseSettings):
             raise ValueError("STUCK_JOB_SECONDS must exceed the longest retry delay (RETRY_DELAYS_SECONDS)")
         if self.admin_token_previous is not None and self.admin_token is None:
             raise ValueError("CHATQ_ADMIN_TOKEN_PREVIOUS is accepted only beside CHATQ_ADMIN_TOKEN")
+        if self.coalescer_file_batch_messages > self.coalescer_prefetch:
+            raise ValueError(
+                "CHATQ_COALESCER_FILE_BATCH_MESSAGES must not exceed CHATQ_COALESCER_PREFETCH "
+                "(a batch holds only messages the broker has delivered)"
+            )
         if self.admin_port is not None and self.admin_port == self.http_port:
             raise ValueError("CHATQ_ADMIN_PORT must differ from CHATQ_HTTP_PORT (unset it to share one port)")
         if self.production_guards:
@@ -449,13 +464,18 @@ class Settings(BaseSettings):
             + JOB_BOOKKEEPING_SECONDS
         )
 
-    def database_connections(self, service: str) -> int:
-        """The most Postgres connections one process of ``service`` opens (its pool's
-        maximum): DATABASE_POOL_SIZE, except the responder, whose every job in flight holds
-        one connection (its lease) and borrows another for queries."""
+    def pool_connections(self, service: str) -> int:
+        """The most connections the pool of one process of ``service`` opens:
+        DATABASE_POOL_SIZE, except the responder, whose every job in flight holds one
+        connection (its lease) and borrows another for queries."""
         if service == "responder":
             return max(self.database_pool_size, 2 * self.responder_concurrency + 2)
         return self.database_pool_size
+
+    def database_connections(self, service: str) -> int:
+        """The most Postgres connections one process of ``service`` holds: its pool's, and
+        the one outside it that listens for account changes (``shared.accounts``)."""
+        return self.pool_connections(service) + ACCOUNTS_LISTEN_CONNECTIONS
 
     @property
     def telegram_chat_type_set(self) -> frozenset[str]:

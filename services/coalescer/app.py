@@ -13,9 +13,10 @@ import httpx
 from shared import metrics
 from shared.accounts import AccountRegistry
 from shared.alerts import Alerter
-from shared.broker.consumer import Consumer
+from shared.broker.connection import BrokerConnection
+from shared.broker.consumer import Batching, Consumer
 from shared.broker.dead_letters import DeadLetterRecorder
-from shared.broker.topology import COALESCER_DEAD_QUEUE, COALESCER_QUEUE, JOBS_EXCHANGE
+from shared.broker.topology import COALESCER_DEAD_QUEUE, COALESCER_QUEUE, JOBS_EXCHANGE, Topology
 from shared.ops_http import consumer_readiness, ops_server
 from shared.outbox import Relay
 from shared.retention import Retention
@@ -55,6 +56,29 @@ def account_policies(settings: Settings, registry: AccountRegistry) -> Callable[
     return policy_for
 
 
+def inbound_consumer(
+    broker: BrokerConnection, coalescer: Coalescer, settings: Settings, topology: Topology
+) -> Consumer:
+    """The consumer of inbound messages: the coalescer files what is delivered together
+    in one transaction (``Coalescer.handle_batch``), or each alone (``handle``) when a
+    batch fails as a whole, or always with a batch size of 1."""
+    return Consumer(
+        broker,
+        COALESCER_QUEUE,
+        coalescer.handle,
+        prefetch=settings.coalescer_prefetch,
+        on_give_up=coalescer.give_up,
+        delivery_limit=topology.queue(COALESCER_QUEUE).delivery_limit,
+        batching=Batching(
+            coalescer.handle_batch,
+            size=settings.coalescer_file_batch_messages,
+            wait=settings.coalescer_file_batch_wait_ms / 1000,
+        )
+        if settings.coalescer_file_batch_messages > 1
+        else None,
+    )
+
+
 async def run(settings: Settings, stop: asyncio.Event) -> int:
     """Serve until ``stop`` is set, then drain; the process's exit status."""
     return await serve("coalescer", settings, stop, lambda parts: declare(parts, settings))
@@ -88,14 +112,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         owner=settings.review_owner,
         caps=settings.job_caps(),
     )
-    consumer = Consumer(
-        consume_broker,
-        COALESCER_QUEUE,
-        coalescer.handle,
-        prefetch=settings.coalescer_prefetch,
-        on_give_up=coalescer.give_up,
-        delivery_limit=parts.topology.queue(COALESCER_QUEUE).delivery_limit,
-    )
+    consumer = inbound_consumer(consume_broker, coalescer, settings, parts.topology)
     dead = Consumer(
         consume_broker,
         COALESCER_DEAD_QUEUE,

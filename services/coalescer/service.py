@@ -14,7 +14,7 @@ import dataclasses
 import logging
 import random
 import uuid
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Callable, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
@@ -29,8 +29,8 @@ from shared.broker.consumer import Reject
 from shared.faults import fault_point
 from shared.messages import InboundMessage, JobCaps, JobMessage, ReplyJob
 
-from .stores import PgWindowStore, Refused, WindowSession, WindowStore
-from .windows import WindowPolicy, on_message
+from .stores import Filing, PgWindowStore, Refused, WindowSession, WindowStore
+from .windows import Window, WindowPolicy, on_message
 
 logger = logging.getLogger(__name__)
 
@@ -44,6 +44,11 @@ JOBS_EMITTED = Counter("chatq_coalescer_jobs_emitted_total", "Reply jobs emitted
 MESSAGES_FILED = Counter(
     "chatq_coalescer_messages_total", "Inbound messages handled, by outcome (filed, duplicate).", ["outcome"]
 )
+BATCH_MESSAGES = Histogram(
+    "chatq_coalescer_batch_messages",
+    "Inbound messages filed by one committed transaction.",
+    buckets=(1, 2, 4, 8, 16, 32, 64, 128, 256),
+)
 
 #: Job ids are derived from window ids: emitting a window twice would give the same job.
 JOB_NAMESPACE = uuid.UUID("6f1d3c2e-8a43-4e0b-9f55-3c1a2b7d9e10")
@@ -51,6 +56,13 @@ JOB_NAMESPACE = uuid.UUID("6f1d3c2e-8a43-4e0b-9f55-3c1a2b7d9e10")
 
 def job_id_for(window_id: uuid.UUID) -> uuid.UUID:
     return uuid.uuid5(JOB_NAMESPACE, str(window_id))
+
+
+def _parse(message: AbstractIncomingMessage) -> InboundMessage:
+    try:
+        return InboundMessage.from_bytes(message.body)
+    except ValidationError as exc:
+        raise Reject(f"not a chatq.inbound.v1 message: {exc.error_count()} error(s)") from None
 
 
 @dataclass(frozen=True)
@@ -116,59 +128,114 @@ class Coalescer:
     # ---- consuming -------------------------------------------------------------
 
     async def handle(self, message: AbstractIncomingMessage) -> None:
-        """Consumer handler: file one inbound message into its chat's window."""
-        try:
-            inbound = InboundMessage.from_bytes(message.body)
-        except ValidationError as exc:
-            raise Reject(f"not a chatq.inbound.v1 message: {exc.error_count()} error(s)") from None
+        """Consumer handler: file one inbound message into its chat's window. The consumer
+        runs it when a batch could not be filed as a whole (each message settles alone)."""
+        inbound = _parse(message)
         # Messages of one chat are filed in the order they were delivered: the consumer
         # runs deliveries concurrently, and an asyncio.Lock wakes its waiters in FIFO order.
         async with self._chat_locks.hold(inbound.chat_key):
             filed = await self.file(inbound)
         fault_point("coalescer.after_commit")
-        # Wake the scheduler only for a window due before it means to look again (a burst
-        # of messages pushing their windows out does not spin it).
-        if filed is not None and (self._sleep_until is None or filed.due_at < self._sleep_until):
+        self._wake_for([filed])
+
+    async def handle_batch(self, messages: Sequence[AbstractIncomingMessage]) -> list[Exception | None]:
+        """Consumer batch handler: file the inbound messages delivered together, in delivery
+        order, in one transaction. Returns, per message, None (filed, or a redelivery) or
+        what that message alone raised (``Reject``: not our schema, or not in the inbox);
+        raises when the batch fails as a whole, and the consumer then hands each message
+        to ``handle``. The consumer gives one batch at a time, so a chat's messages are
+        filed in the order they were delivered without the per-chat locks of ``handle``."""
+        outcomes: list[Exception | None] = [None] * len(messages)
+        parsed: list[tuple[int, InboundMessage]] = []
+        for i, message in enumerate(messages):
+            try:
+                parsed.append((i, _parse(message)))
+            except Reject as exc:
+                outcomes[i] = exc
+        filed = await self.file_many([inbound for _, inbound in parsed])
+        fault_point("coalescer.after_commit")
+        for (i, _), result in zip(parsed, filed, strict=True):
+            if isinstance(result, Reject):
+                outcomes[i] = result
+        self._wake_for(filed)
+        return outcomes
+
+    def _wake_for(self, filed: Sequence[Filed | Reject | None]) -> None:
+        """Wake the scheduler only for a window due before it means to look again (a burst
+        of messages pushing their windows out does not spin it)."""
+        due = [f.due_at for f in filed if isinstance(f, Filed)]
+        if due and (self._sleep_until is None or min(due) < self._sleep_until):
             self._wake.set()
 
     async def file(self, inbound: InboundMessage) -> Filed | None:
         """Add the message to its chat's open window (opening one if needed), in one
         transaction. Returns None for a message already filed (a redelivery)."""
-        key = inbound.chat_key
+        (result,) = await self.file_many([inbound])
+        if isinstance(result, Reject):
+            raise result
+        return result
+
+    async def file_many(self, inbound: Sequence[InboundMessage]) -> list[Filed | Reject | None]:
+        """Add the messages, in this order, to their chats' open windows (opening them as
+        needed), in one transaction. Per message: where it was filed, None when it was
+        filed already (a redelivery, also within the batch), or ``Reject`` when its
+        operation is not in the inbox (nothing of it is written)."""
+        results: list[Filed | Reject | None] = []
+        filings: list[Filing] = []
         async with self._store.transaction() as tx:
-            # The chat's lock serialises its messages across replicas (windows of other
-            # chats proceed in parallel); the rest is read under it.
-            chat = await tx.lock_chat(key, inbound.operation_id)
-            if chat.duplicate:
-                MESSAGES_FILED.labels(outcome="duplicate").inc()
-                return None
-            if not chat.known:
-                raise Reject(f"operation {inbound.operation_id} is not in the inbox")
-            opened = chat.window_id is None
-            policy = self._policy_for(inbound.platform, inbound.account_id)
-            # The window's pause counts from the message's receipt (Postgres' clock, as
-            # ``now``), not from this filing: a message filed late (behind another
-            # account's flood in the inbound queue) waits that much less.
-            at = min(chat.now, inbound.received_at)
-            window = on_message(chat.window, at, policy, self._draw)
-            # Yet it waits QUIET_SECONDS after this filing (never past its deadline): the
-            # buyer's next messages, right behind this one in a backlog, join it.
-            floor = min(chat.now + timedelta(seconds=policy.quiet), window.deadline_at)
-            if window.due_at < floor:
-                window = dataclasses.replace(window, due_at=floor)
-            window_id = uuid.uuid4() if chat.window_id is None else chat.window_id
-            await tx.file(window_id, inbound, window, opened=opened)
+            # The chats' locks serialise their messages across replicas (windows of other
+            # chats proceed in parallel); the rest is read under them.
+            chats = await tx.lock_chats([(m.chat_key, m.operation_id) for m in inbound])
+            # Each chat's window as the batch leaves it so far (its id is None until it opens).
+            windows: dict[str, tuple[uuid.UUID | None, Window | None]] = {}
+            seen: set[uuid.UUID] = set()
+            for m, chat in zip(inbound, chats, strict=True):
+                if chat.duplicate or m.operation_id in seen:
+                    results.append(None)
+                    continue
+                if not chat.known:
+                    results.append(Reject(f"operation {m.operation_id} is not in the inbox"))
+                    continue
+                seen.add(m.operation_id)
+                window_id, before = windows.get(m.chat_key, (chat.window_id, chat.window))
+                window = self._moved_on(before, m, chat.now)
+                opened = window_id is None
+                window_id = uuid.uuid4() if window_id is None else window_id
+                windows[m.chat_key] = (window_id, window)
+                filings.append(Filing(window_id, m, window, opened=opened))
+                results.append(Filed(window_id, window.due_at, opened=opened))
+            await tx.file(filings)
             fault_point("coalescer.before_commit")
-        MESSAGES_FILED.labels(outcome="filed").inc()
-        logger.info(
-            "filed %s in window %s of %s (%d message(s), due %s)",
-            inbound.operation_id,
-            window_id,
-            key,
-            window.message_count,
-            window.due_at.isoformat(timespec="milliseconds"),
-        )
-        return Filed(window_id, window.due_at, opened=opened)
+        MESSAGES_FILED.labels(outcome="filed").inc(len(filings))
+        MESSAGES_FILED.labels(outcome="duplicate").inc(results.count(None))
+        if filings:
+            BATCH_MESSAGES.observe(len(filings))
+        for f in filings:
+            logger.info(
+                "filed %s in window %s of %s (%d message(s), due %s)",
+                f.inbound.operation_id,
+                f.window_id,
+                f.inbound.chat_key,
+                f.window.message_count,
+                f.window.due_at.isoformat(timespec="milliseconds"),
+            )
+        return results
+
+    def _moved_on(self, window: Window | None, inbound: InboundMessage, now: datetime) -> Window:
+        """The chat's window after this message (``windows.on_message`` decides), at the
+        database clock ``now`` read under the chat's lock."""
+        policy = self._policy_for(inbound.platform, inbound.account_id)
+        # The window's pause counts from the message's receipt (Postgres' clock, as
+        # ``now``), not from this filing: a message filed late (behind another account's
+        # flood in the inbound queue) waits that much less.
+        at = min(now, inbound.received_at)
+        window = on_message(window, at, policy, self._draw)
+        # Yet it waits QUIET_SECONDS after this filing (never past its deadline): the
+        # buyer's next messages, right behind this one in a backlog, join it.
+        floor = min(now + timedelta(seconds=policy.quiet), window.deadline_at)
+        if window.due_at < floor:
+            window = dataclasses.replace(window, due_at=floor)
+        return window
 
     async def give_up(self, message: AbstractIncomingMessage, kind: str, reason: str) -> None:
         """Consumer hook before an inbound message is dead-lettered, and the dead-letter

@@ -1,5 +1,6 @@
 """What the coalescer needs from its state, as Protocols: ``WindowStore`` (the store) and
-``WindowSession`` (one transaction: filing one message, or emitting due windows).
+``WindowSession`` (one transaction: filing the messages delivered together, or emitting due
+windows).
 ``PgWindowStore`` is the Postgres implementation, proven by the integration tests
 (test_coalescer.py, test_chat_identity.py, test_takeover.py); ``tests/fakes/windows.py``
 is an in-memory one under the same operation transition table (shared/state), on which
@@ -19,7 +20,7 @@ from typing import Protocol
 import asyncpg
 
 from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE
-from shared.db import Conn, one
+from shared.db import Conn
 from shared.messages import InboundMessage, JobMessage, Platform, ReplyJob
 from shared.outbox import OutboxMessage, enqueue_many
 from shared.state import operation as operation_state
@@ -38,6 +39,17 @@ class ChatState:
     now: datetime
     window_id: uuid.UUID | None
     window: Window | None
+
+
+@dataclass(frozen=True)
+class Filing:
+    """One message filed: its window as it stands after the message, and whether the
+    message opened it (the window is new; later messages of a batch add to it)."""
+
+    window_id: uuid.UUID
+    inbound: InboundMessage
+    window: Window
+    opened: bool
 
 
 @dataclass(frozen=True)
@@ -74,19 +86,23 @@ class Refused(Exception):
 class WindowSession(Protocol):
     """One transaction of the coalescer's."""
 
-    async def lock_chat(self, chat_key: str, operation_id: uuid.UUID) -> ChatState:
-        """Take the chat's lock (its messages are filed one at a time across replicas)."""
+    async def lock_chats(self, messages: Sequence[tuple[str, uuid.UUID]]) -> list[ChatState]:
+        """Take the locks of the chats of these (chat key, operation id) pairs, in one order
+        whatever the batch (a chat's messages are filed one batch at a time across
+        replicas, and two batches never wait for each other in a cycle); then what filing
+        reads under them, one ``ChatState`` per pair in order (the chat's window as it
+        stands before the batch)."""
         ...
 
-    async def file(
-        self, window_id: uuid.UUID, inbound: InboundMessage, window: Window, *, opened: bool
-    ) -> None:
-        """Write the window (opened, or moved on), the message in it, and the operation
-        waiting."""
+    async def file(self, filings: Sequence[Filing]) -> None:
+        """Write the filings of a batch, in the order of their messages: each window once,
+        as its last filing leaves it (opened by the batch, or moved on), each message in
+        it, and each operation waiting."""
         ...
 
     async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
-        """Due, unblocked windows no earlier message of their chat is in transit for,
+        """Due, unblocked windows no message of their chat received before they fell due
+        is in transit for,
         locked (other replicas skip them). ``account_jobs`` > 0: an account's share, the
         most unfinished reply jobs it may have (its earliest due windows fill its free
         places; the rest wait)."""
@@ -128,73 +144,60 @@ class WindowStore(Protocol):
     async def open_windows(self) -> int: ...
 
 
-_LOCK_CHAT_WINDOW = "SELECT * FROM chatq_lock_chat_window($1, $2)"
-
-# Filing writes the window (opened, or moved on) and the message in it in one statement;
-# the operation's status and record follow (shared/state/operation.file_waiting).
-_FILED = """
-INSERT INTO window_messages (operation_id, window_id) SELECT $2, id FROM w
+# Filing a batch is two round trips inside its transaction: the chats' locks and what is
+# read under them, then every write (shared/functions/20_windows.sql).
+_LOCK_CHATS = "SELECT * FROM chatq_lock_chats($1::text[], $2::uuid[])"
+_FILE_MESSAGES = """
+SELECT chatq_file_messages($1::uuid[], $2::boolean[], $3::text[], $4::text[], $5::text[], $6::text[],
+                           $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $10::timestamptz[],
+                           $11::float8[], $12::int[], $13::uuid[], $14::uuid[], $15::timestamptz[])
 """
-
-# A window opened while its chat has a reply job in flight, or while the seller holds the
-# chat, is blocked until that ends (the chat's lock, held here, serialises this with the
-# job's end and the hold's: 40_windows_blocked.sql).
-_FILE_OPENING = (
-    """
-WITH w AS (
-    INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
-                              deadline_at, due_at, delay_seconds, message_count, blocked)
-    VALUES ($1, $6, $7, $8, $9, 'open', $10, $3, $11, $4, $12, $5, chatq_chat_blocked($6))
-    RETURNING id
-)
-"""
-    + _FILED
-)
-
-_FILE_ADDING = (
-    """
-WITH w AS (
-    UPDATE chat_windows SET last_at = $3, due_at = $4, message_count = $5 WHERE id = $1 AND chat_key = $6 RETURNING id
-)
-"""
-    + _FILED
-)
 
 # A window may close when it is due, not blocked (no job of its chat in flight: the
 # ready-windows index holds only these), and no message of its chat received before the
-# window's last one is still in transit (the SQL function says why; the responder's
-# fold-in waits for the same). Blocked windows are never scanned.
+# window falls due is still in transit (the SQL function says why; a message received
+# before due_at joins this window when filed, or an earlier one). The responder's fold-in
+# waits for those received before the open window's last message. Blocked windows are never scanned.
 #
 # Fair share ($2 > 0, ACCOUNT_JOBS_IN_FLIGHT): an account with $2 reply jobs emitted and
 # unfinished gets no more until some finish; its other due windows wait here, in order,
 # instead of queueing ahead of every other account's jobs. Each account's earliest due
 # windows fill its free places.
+#
+# Written so that no plan can turn quadratic: a generic plan made while the tables were
+# small (a fresh database, statistics not yet analyzed) once joined every due window to a
+# per-account count re-derived from every due window, and with 8,500 windows due a round
+# took 4-5 s of Postgres CPU (bench.pipeline fell from 112 to 2 msg/s once batch filing
+# let windows fall due faster than they were emitted). Now: no join between the due set
+# and anything derived from it, one index probe per row that can still go.
 _CLAIM_DUE = """
-WITH due AS (
-    SELECT w.id, w.platform, w.account_id, w.due_at FROM chat_windows w
-    WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
-), busy AS (
-    SELECT r.platform, r.account_id, count(*) AS n FROM reply_jobs r
-    WHERE $2 > 0 AND r.status IN ('pending', 'processing')
-      AND (r.platform, r.account_id) IN (SELECT DISTINCT platform, account_id FROM due)
-    GROUP BY 1, 2
+WITH ranked AS MATERIALIZED (
+    -- Each account's due windows in order; past its share none can go this round.
+    SELECT x.id, x.platform, x.account_id, x.due_at, x.place FROM (
+        SELECT w.id, w.platform, w.account_id, w.due_at,
+               row_number() OVER (PARTITION BY w.platform, w.account_id ORDER BY w.due_at) AS place
+        FROM chat_windows w
+        WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
+    ) x
+    WHERE $2 = 0 OR x.place <= $2
 ), placed AS MATERIALIZED (
-    SELECT d.id FROM (
-        SELECT d.id, d.platform, d.account_id, d.due_at,
-               row_number() OVER (PARTITION BY d.platform, d.account_id ORDER BY d.due_at) AS place
-        FROM due d
-    ) d LEFT JOIN busy b USING (platform, account_id)
-    WHERE $2 = 0 OR d.place + coalesce(b.n, 0) <= $2
+    -- Its jobs in flight counted by one probe of reply_jobs_account_in_flight per row:
+    -- no join for a plan made on stale statistics to turn quadratic.
+    SELECT d.id FROM ranked d
+    WHERE $2 = 0 OR d.place + (
+        SELECT count(*) FROM reply_jobs r
+        WHERE r.platform = d.platform AND r.account_id = d.account_id AND r.status IN ('pending', 'processing')
+    ) <= $2
     ORDER BY d.due_at
     LIMIT $1 * 2
 ), ready AS MATERIALIZED (
     -- The in-transit check (a query each) only for the few placed windows.
     SELECT w.id FROM placed p JOIN chat_windows w ON w.id = p.id
-    WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+    WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.due_at)
 )
 SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
 FROM chat_windows w
-WHERE w.id IN (SELECT id FROM ready)
+WHERE w.id = ANY(ARRAY(SELECT id FROM ready))
   AND w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
 ORDER BY w.due_at
 LIMIT $1
@@ -208,7 +211,7 @@ _NEXT_DUE = """
 SELECT extract(epoch FROM w.due_at - clock_timestamp())::float8
 FROM chat_windows w
 WHERE w.status = 'open' AND NOT w.blocked AND w.due_at > clock_timestamp()
-  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.last_at)
+  AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.due_at)
 ORDER BY w.due_at
 LIMIT 1
 """
@@ -227,6 +230,8 @@ ORDER BY wm.window_id, n
 #: SQLSTATE classes of errors that belong to one window's data (a constraint it breaks, a
 #: value it holds), not to the database or the connection.
 _DATA_ERRORS = ("22", "23")
+
+_WINDOW_FIELDS = dataclasses.fields(Window)
 
 
 class PgWindowStore:
@@ -258,33 +263,44 @@ class PgWindowSession:
     def __init__(self, conn: Conn) -> None:
         self._conn = conn
 
-    async def lock_chat(self, chat_key: str, operation_id: uuid.UUID) -> ChatState:
-        row = one(await self._conn.fetchrow(_LOCK_CHAT_WINDOW, chat_key, operation_id))
-        window = None
-        if row["id"] is not None:
-            window = Window(**{f.name: row[f.name] for f in dataclasses.fields(Window)})
-        return ChatState(row["duplicate"], row["known"], row["now"], row["id"], window)
+    async def lock_chats(self, messages: Sequence[tuple[str, uuid.UUID]]) -> list[ChatState]:
+        rows = await self._conn.fetch(_LOCK_CHATS, [k for k, _ in messages], [o for _, o in messages])
+        return [
+            ChatState(
+                row["duplicate"],
+                row["known"],
+                row["now"],
+                row["id"],
+                None if row["id"] is None else Window(**{f.name: row[f.name] for f in _WINDOW_FIELDS}),
+            )
+            for row in rows
+        ]
 
-    async def file(
-        self, window_id: uuid.UUID, inbound: InboundMessage, window: Window, *, opened: bool
-    ) -> None:
-        key = inbound.chat_key
+    async def file(self, filings: Sequence[Filing]) -> None:
+        if not filings:
+            return
+        # Each window once, as its last filing leaves it; inserted when the batch opened it.
+        last = {f.window_id: f for f in filings}
+        opened = {f.window_id for f in filings if f.opened}
+        windows = list(last.values())
         await self._conn.execute(
-            _FILE_OPENING if opened else _FILE_ADDING,
-            window_id,
-            inbound.operation_id,
-            window.last_at,
-            window.due_at,
-            window.message_count,
-            key,
-            *(
-                (inbound.platform, inbound.account_id, inbound.chat_id, window.first_at,
-                 window.deadline_at, window.delay_seconds)
-                if opened
-                else ()
-            ),
-        )  # fmt: skip
-        await operation_state.file_waiting(self._conn, inbound.operation_id, key, window.due_at)
+            _FILE_MESSAGES,
+            [f.window_id for f in windows],
+            [f.window_id in opened for f in windows],
+            [f.inbound.chat_key for f in windows],
+            [f.inbound.platform for f in windows],
+            [f.inbound.account_id for f in windows],
+            [f.inbound.chat_id for f in windows],
+            [f.window.first_at for f in windows],
+            [f.window.last_at for f in windows],
+            [f.window.deadline_at for f in windows],
+            [f.window.due_at for f in windows],
+            [f.window.delay_seconds for f in windows],
+            [f.window.message_count for f in windows],
+            [f.inbound.operation_id for f in filings],
+            [f.window_id for f in filings],
+            [f.window.due_at for f in filings],
+        )
 
     async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
         return [

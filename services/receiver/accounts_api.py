@@ -5,6 +5,7 @@ which ones are set, and an Avito path secret shows as ``***``."""
 
 from __future__ import annotations
 
+import hmac
 import re
 import secrets
 from typing import Any, Literal
@@ -14,6 +15,7 @@ import httpx
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from services.responder.llm import FACTS_FILE_NAME
 from shared.accounts import CREDENTIALS, OVERRIDES, REQUIRED, AccountRegistry, path_key
 from shared.connect import ConnectError, connect_avito, connect_telegram
 from shared.db import one
@@ -55,10 +57,12 @@ class Overrides(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    facts: str | None = Field(default=None, min_length=1, max_length=100_000)
-    facts_file: str | None = Field(default=None, min_length=1, max_length=1000)
-    llm_model: str | None = Field(default=None, min_length=1, max_length=200)
-    prompt: str | None = Field(default=None, min_length=1, max_length=20_000)
+    # Postgres text holds no NUL character: refused here as a 422, not a 500 from the write.
+    facts: str | None = Field(default=None, min_length=1, max_length=100_000, pattern=NO_NUL)
+    # A file name in CHATQ_FACTS_DIR: nothing else on the services' host is read for an account.
+    facts_file: str | None = Field(default=None, pattern=FACTS_FILE_NAME)
+    llm_model: str | None = Field(default=None, min_length=1, max_length=200, pattern=NO_NUL)
+    prompt: str | None = Field(default=None, min_length=1, max_length=20_000, pattern=NO_NUL)
     reply_delay_min_seconds: float | None = Field(default=None, ge=0, le=86400)
     reply_delay_max_seconds: float | None = Field(default=None, ge=0, le=86400)
     takeover_seconds: float | None = Field(default=None, ge=0, le=30 * 86400)
@@ -143,6 +147,14 @@ def _check_credentials(platform: str, account_id: str, credentials: dict[str, st
         )
 
 
+def _is_environments_path(request: Request, secret: str) -> bool:
+    """Whether an Avito path secret is CHATQ_AVITO_WEBHOOK_SECRET: two accounts on one path
+    would take every delivery of the environment's for the added one's (and refuse it)."""
+    settings: Settings = request.app.state.settings
+    env = settings.avito_webhook_secret.get_secret_value() if settings.avito_webhook_secret else None
+    return env is not None and hmac.compare_digest(secret.encode(), env.encode())
+
+
 def account_view(row: asyncpg.Record, credential_names: list[str]) -> dict[str, Any]:
     return {
         "platform": row["platform"],
@@ -173,6 +185,8 @@ _ROW = f"""SELECT platform, account_id, name, source, state, state_reason, state
 
 
 async def _row(pool: asyncpg.Pool, platform: str, account_id: str) -> asyncpg.Record:
+    if "\x00" in platform or "\x00" in account_id:  # no such account: Postgres text holds no NUL
+        raise ApiError(404, "account_not_found", "no account has a NUL character in its id")
     row = await pool.fetchrow(_ROW + " WHERE platform = $1 AND account_id = $2", platform, account_id)
     if row is None:
         raise ApiError(404, "account_not_found", f"no {platform} account {account_id}")
@@ -205,6 +219,16 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
         if body.platform in ("telegram", "avito") and not credentials.get("webhook_secret"):
             credentials["webhook_secret"] = secrets.token_urlsafe(24)
         _check_credentials(body.platform, body.account_id, credentials)
+        if body.platform == "avito" and _is_environments_path(request, credentials["webhook_secret"]):
+            raise ApiError(
+                409, "webhook_secret_taken", "the environment's Avito account has this webhook secret"
+            )
+        if body.overrides.facts_file is not None and request.app.state.settings.facts_dir is None:
+            raise ApiError(
+                422,
+                "invalid_overrides",
+                "facts_file names a file in CHATQ_FACTS_DIR, which is not set: give the facts as text",
+            )
         overrides = body.overrides.model_dump()
         key = path_key(credentials["webhook_secret"]) if body.platform == "avito" else None
         try:
@@ -228,7 +252,7 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
             )
         except asyncpg.UniqueViolationError:
             raise ApiError(409, "webhook_secret_taken", "another account has this webhook secret") from None
-    await registry.refresh()
+    await registry.refresh_account(body.platform, body.account_id)
     view = account_view(await _row(pool, body.platform, body.account_id), sorted(credentials))
     view["created"] = bool(one(row)["created"]) or (old is not None and old["removed_at"] is not None)
     return view
@@ -240,6 +264,9 @@ async def rotate_key(request: Request) -> dict[str, Any]:
     was put first), so the old key can then be dropped."""
     require_admin(request)
     registry = _registry(request)
+    # The key file read again first: its new first key may have been put there a moment
+    # ago, and sealing again under the old key would lose every account when it is dropped.
+    await registry.refresh()
     if not registry.box.configured:
         raise ApiError(409, "no_secrets_key", "set CHATQ_SECRETS_KEY on every service first")
     pool: asyncpg.Pool = request.app.state.pool
@@ -281,7 +308,7 @@ async def list_accounts(
     return {"accounts": [account_view(r, _names(registry, r)) for r in rows], "count": len(rows)}
 
 
-@router.get("/v1/accounts/{platform}/{account_id}")
+@router.get("/v1/accounts/{platform}/{account_id:path}")
 async def show_account(platform: str, account_id: str, request: Request) -> dict[str, Any]:
     require_admin(request)
     pool: asyncpg.Pool = request.app.state.pool
@@ -291,7 +318,7 @@ async def show_account(platform: str, account_id: str, request: Request) -> dict
     return view
 
 
-@router.post("/v1/accounts/{platform}/{account_id}/pause")
+@router.post("/v1/accounts/{platform}/{account_id:path}/pause")
 async def pause_account(platform: str, account_id: str, body: PauseIn, request: Request) -> dict[str, Any]:
     """A person pauses the account: its replies wait (none fails) until a person resumes it."""
     require_admin(request)
@@ -311,16 +338,17 @@ async def pause_account(platform: str, account_id: str, body: PauseIn, request: 
     row = await _row(pool, platform, account_id)
     if not moved and row["removed_at"] is not None:
         raise ApiError(409, "account_removed", f"the {platform} account {account_id} was removed")
-    await _registry(request).refresh()
+    await _registry(request).refresh_account(platform, account_id)
     return account_view(row, _names(_registry(request), row))
 
 
-@router.post("/v1/accounts/{platform}/{account_id}/resume")
+@router.post("/v1/accounts/{platform}/{account_id:path}/resume")
 async def resume_account(platform: str, account_id: str, request: Request) -> dict[str, Any]:
     """A person's pause ends at once; a platform's is probed now (it ends when the platform
     accepts the account again)."""
     require_admin(request)
     pool: asyncpg.Pool = request.app.state.pool
+    await _row(pool, platform, account_id)
     await pool.execute(
         """
         UPDATE accounts SET state = CASE WHEN state = 'paused_by_person' THEN 'active' ELSE state END,
@@ -334,11 +362,11 @@ async def resume_account(platform: str, account_id: str, request: Request) -> di
         account_id,
     )
     row = await _row(pool, platform, account_id)
-    await _registry(request).refresh()
+    await _registry(request).refresh_account(platform, account_id)
     return account_view(row, _names(_registry(request), row))
 
 
-@router.delete("/v1/accounts/{platform}/{account_id}")
+@router.delete("/v1/accounts/{platform}/{account_id:path}")
 async def remove_account(platform: str, account_id: str, request: Request) -> dict[str, Any]:
     """Remove the account: its credentials are wiped, its webhooks answer 404, its replies
     not yet sent fail with the reason. Its messages and their record stay."""
@@ -354,7 +382,7 @@ async def remove_account(platform: str, account_id: str, request: Request) -> di
         platform,
         account_id,
     )
-    await _registry(request).refresh()
+    await _registry(request).refresh_account(platform, account_id)
     row = await _row(pool, platform, account_id)
     return account_view(row, [])
 
@@ -365,7 +393,7 @@ class ConnectIn(BaseModel):
     disconnect: bool = False
 
 
-@router.post("/v1/accounts/{platform}/{account_id}/connect")
+@router.post("/v1/accounts/{platform}/{account_id:path}/connect")
 async def connect_account(
     platform: str, account_id: str, body: ConnectIn, request: Request
 ) -> dict[str, Any]:

@@ -235,8 +235,11 @@ def _webhook_routes(settings: Settings) -> APIRouter:
 
     def not_another_accounts(request: Request, platform: str, account_id: str) -> None:
         """The environment's single path serves the environment's account(s) only: an
-        account added with its own credentials is reached on its own path."""
+        account added with its own credentials is reached on its own path, and a removed
+        one (the environment's too) on none."""
         account = registry(request).get(platform, account_id)
+        if account is not None and account.removed:
+            raise ApiError(404, "account_removed", f"the {platform} account {account_id} was removed")
         if account is not None and account.source == "admin":
             raise ApiError(
                 403,

@@ -15,7 +15,7 @@ import asyncpg
 from shared.accounts import Account, AccountRegistry
 from shared.settings import Settings
 
-from .llm import SYSTEM_PROMPT, FactsWriter, OpenAIWriter, ReplyWriter, facts_text
+from .llm import SYSTEM_PROMPT, FactsWriter, OpenAIWriter, ReplyWriter, account_facts_path, facts_text
 from .platforms.avito import AvitoPlatform, AvitoToken
 from .platforms.base import HttpClient, Platform
 from .platforms.generic import GenericPlatform
@@ -150,7 +150,10 @@ def build_environment_platforms(
 def build_writer(settings: Settings, account: Account | None = None) -> ReplyWriter:
     """The reply writer of the settings, with the account's overrides (facts, model, prompt)."""
     o = account.overrides if account is not None else {}
-    facts = o.get("facts") or facts_text(o.get("facts_file") or settings.facts_file)
+    name = o.get("facts_file")
+    facts = o.get("facts") or facts_text(
+        account_facts_path(settings.facts_dir, name) if name else settings.facts_file
+    )
     if settings.llm_base_url:
         return OpenAIWriter(
             settings.llm_base_url,

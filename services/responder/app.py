@@ -46,7 +46,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     """The responder's parts, in the order they start; they stop in reverse: the
     consumers drain first (in-flight jobs finish and are acked), then the probe and the
     ops server, then the writer, the client, the brokers and the pool close."""
-    pool = await parts.database(settings.database_connections("responder"))
+    pool = await parts.database(settings.pool_connections("responder"))
     if settings.shutdown_grace_seconds < settings.worst_case_job_seconds():
         # Worth a warning where SIGTERM comes from an orchestrator; on a developer's
         # machine (make run, Ctrl-C) it is only a fact.

@@ -20,10 +20,13 @@ from __future__ import annotations
 
 import enum
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import aiohttp
 import httpx
-import openai
+
+if TYPE_CHECKING:
+    import openai
 
 
 class Kind(enum.StrEnum):
@@ -102,6 +105,8 @@ def classify_transport(exc: BaseException) -> Failure:
 
 def classify_llm(exc: Exception) -> Failure:
     """The model's failure. Generation has no side effect, so nothing here is unknown."""
+    import openai  # here, not at the top: the receiver imports this module and never calls a model
+
     if isinstance(exc, openai.RateLimitError):
         code = _code(exc)
         if code == "insufficient_quota":

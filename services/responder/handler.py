@@ -29,7 +29,7 @@ from shared.state.job import DeliveryStatus
 
 from .accounts import AccountPlatforms, AccountWriters, FixedPlatforms, Unserved
 from .failures import Failure, Kind
-from .idempotency import Job, JobBusy, JobWithdrawn, Part, Reconcile, Skip
+from .idempotency import AccountStopped, Job, JobBusy, JobWithdrawn, Part, Reconcile, Skip
 from .listings import Listings
 from .llm import ReplyWriter, Turn
 from .parts import split_reply
@@ -135,10 +135,17 @@ class Responder:
             raise Reject(f"{job.platform} replies are not configured in this responder")
         if job.account_paused is not None:
             await self._wait_for_account(db, job, job.account_paused)
-        if isinstance(state, Reconcile):
-            await self._reconcile(db, state, platform, attempt)
-        else:
-            await self._reply(db, job, platform, attempt)
+        try:
+            if isinstance(state, Reconcile):
+                await self._reconcile(db, state, platform, attempt)
+            else:
+                await self._reply(db, job, platform, attempt)
+        except AccountStopped as stopped:
+            # Paused or removed while the reply was written: nothing was sent.
+            if stopped.removed:
+                await self._give_up(db, job.job_id, "permanent", stopped.reason)
+                raise Reject(stopped.reason) from None
+            await self._wait_for_account(db, job, stopped.reason)
 
     async def _reply(
         self,

@@ -116,6 +116,20 @@ class JobWithdrawn(Exception):
     the job and its messages are settled (superseded; "answered by the seller")."""
 
 
+class AccountStopped(Exception):
+    """A person paused or removed the job's account since the job was claimed: nothing was
+    sent, no intent recorded. ``removed``: the job fails with the reason; else it waits."""
+
+    def __init__(self, reason: str, *, removed: bool) -> None:
+        super().__init__(reason)
+        self.reason = reason
+        self.removed = removed
+
+
+#: chatq_before_send's SQLSTATEs for an account removed, or paused, meanwhile.
+_ACCOUNT_REMOVED, _ACCOUNT_PAUSED = "CQ001", "CQ002"
+
+
 class JobBusy(Exception):
     """Another handler (a redelivery racing the first) is working on this job now."""
 
@@ -326,11 +340,16 @@ class PgJobSession:
         covers them) and return the grown job, to be written again; or, when there are
         none (or ``fold`` is false), record the delivery intent and return the job as it
         is: committed before the platform is called, from now on the send may have happened."""
-        rows = await self._shared.together(
-            "before_send",
-            (job.job_id, job.chat_key, text, attempt, fold, self._caps.messages, self._caps.chars),
-            _before_send_many,
-        )
+        try:
+            rows = await self._shared.together(
+                "before_send",
+                (job.job_id, job.chat_key, text, attempt, fold, self._caps.messages, self._caps.chars),
+                _before_send_many,
+            )
+        except asyncpg.PostgresError as exc:
+            if exc.sqlstate not in (_ACCOUNT_REMOVED, _ACCOUNT_PAUSED):
+                raise
+            raise AccountStopped(str(exc), removed=exc.sqlstate == _ACCOUNT_REMOVED) from None
         if not rows:
             return job
         if rows[0]["withdrawn"]:

@@ -12,8 +12,6 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Protocol
 
-import openai
-
 from shared import metrics
 
 from .failures import Failure, Kind, classify_llm
@@ -71,6 +69,8 @@ class OpenAIWriter:
         facts: str,
         prompt: str = SYSTEM_PROMPT,
     ) -> None:
+        import openai  # here: half a second of imports a process without a model never needs
+
         self._client = openai.AsyncOpenAI(
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
         )
@@ -248,5 +248,24 @@ def _mentions(text: str, keyword: str) -> bool:
     return re.search(r"(?<!\w)" + re.escape(keyword), text) is not None
 
 
-def facts_text(path: str | None) -> str:
+def facts_text(path: str | Path | None) -> str:
     return Path(path).read_text(encoding="utf-8") if path else DEFAULT_FACTS
+
+
+#: An account's facts file: a plain file name in FACTS_DIR (no folder, no leading dot).
+FACTS_FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
+
+
+def account_facts_path(facts_dir: str | None, name: str) -> Path:
+    """Where an account's ``facts_file`` override is read: a file of FACTS_DIR, never
+    anything else on the host (its environment, the secrets key file), whatever the
+    name or a link in the folder says."""
+    if facts_dir is None:
+        raise ValueError(f"facts_file {name!r} names a file in CHATQ_FACTS_DIR, which is not set")
+    if not re.match(FACTS_FILE_NAME, name):
+        raise ValueError(f"facts_file {name!r} is not a plain file name in CHATQ_FACTS_DIR")
+    folder = Path(facts_dir).resolve()
+    path = (folder / name).resolve()
+    if not path.is_relative_to(folder):
+        raise ValueError(f"facts_file {name!r} leads out of CHATQ_FACTS_DIR")
+    return path

@@ -27,6 +27,16 @@ anything else (a bug, a poison input)   nack with requeue after a pause; on the 
                                         dead-letter instead
 =====================================  ==============================================
 
+**Batches.** A consumer given ``Batching`` gathers the deliveries that arrive together (up
+to ``size``, or what arrives within ``wait`` seconds of the first) and hands them to its
+batch handler, one batch at a time, in delivery order. The handler returns each
+message's outcome (None, or what that message alone raised), settled as above; a batch
+whose every message succeeded is acked with one ``multiple`` ack. A batch handler that
+raises an infrastructure error is run again on the same batch, with backoff; one that
+raises anything else (a row Postgres refuses, a bug) has its batch handed again to the
+one-message handler, each message settled by its own outcome: a poison message fails
+alone, exactly as without batches.
+
 Settling can fail too. A retry tier that cannot be published to (connection refused,
 a nack, a closed channel) resets the publisher and tries again with backoff, the message
 still unacked; a give-up hook that cannot reach Postgres is retried the same way; a
@@ -52,7 +62,7 @@ from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
 from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.broker.topology import RETRY_EXCHANGE, retry_tier_name
-from shared.metrics import RETRIES
+from shared.metrics import ACK_MESSAGES, RETRIES
 from shared.retry import ATTEMPT_HEADER, ERROR_HEADER, attempt_of, delivery_count_of, next_retry
 
 logger = logging.getLogger(__name__)
@@ -125,6 +135,22 @@ def last_delivery(headers: Mapping[str, object] | None, delivery_limit: int | No
 
 
 Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
+#: Handles the messages delivered together; returns, per message in order, None (done)
+#: or the exception that message alone raised; raises when the batch failed as a whole.
+BatchHandler = Callable[[Sequence[AbstractIncomingMessage]], Awaitable[Sequence[Exception | None]]]
+
+
+@dataclass(frozen=True)
+class Batching:
+    """Gather deliveries into batches for ``handler``: up to ``size`` messages, or what
+    arrives within ``wait`` seconds of the first (while a batch is being handled, the next
+    one gathers what arrives meanwhile and starts as soon as it ends)."""
+
+    handler: BatchHandler
+    size: int
+    wait: float
+
+
 #: Called before a message is dead-lettered: (message, "permanent" | "exhausted", reason).
 GiveUpHook = Callable[[AbstractIncomingMessage, str, str], Awaitable[None]]
 #: Called once a retry is in its tier, before the ack: (message, next attempt, delay in
@@ -175,6 +201,7 @@ class Consumer:
         delivery_limit: int | None = None,
         requeue_pause: float = 1.0,
         max_backoff: float = 5.0,
+        batching: Batching | None = None,
     ) -> None:
         self._broker = broker
         self._queue = queue
@@ -188,6 +215,11 @@ class Consumer:
         self._max_backoff = max_backoff
         self._stopping = asyncio.Event()
         self._in_flight: dict[asyncio.Task[None], float] = {}
+        self._batching = batching
+        #: Deliveries waiting for the next batch, with when each arrived.
+        self._gathered: list[tuple[AbstractIncomingMessage, float]] = []
+        self._gather_timer: asyncio.TimerHandle | None = None
+        self._batch_task: asyncio.Task[None] | None = None
         self._channel: AbstractChannel | None = None
         self._consumer_tag: str | None = None
         self.consuming = False
@@ -216,9 +248,10 @@ class Consumer:
     def oldest_unsettled_seconds(self) -> float:
         """How long the oldest message this consumer holds has waited to be settled (0 when
         it holds none): a consumer that stopped making progress shows here."""
-        if not self._in_flight:
+        since = [*self._in_flight.values(), *(at for _, at in self._gathered[:1])]
+        if not since:
             return 0.0
-        return time.monotonic() - min(self._in_flight.values())
+        return time.monotonic() - min(since)
 
     async def run(self) -> None:
         """Consume until ``stop``; reconnect after broker outages."""
@@ -261,24 +294,141 @@ class Consumer:
             with contextlib.suppress(Exception):
                 queue = await channel.get_queue(self._queue, ensure=False)
                 await queue.cancel(self._consumer_tag)
-        if self._in_flight:
-            _, pending = await asyncio.wait(set(self._in_flight), timeout=drain_seconds)
-            for task in pending:
-                task.cancel()
-            if pending:
-                logger.warning(
-                    "%d message(s) still in flight at shutdown; they will be redelivered", len(pending)
-                )
+        # What was gathered for a batch goes now; each batch that ends starts the next.
+        self._start_batch()
+        deadline = time.monotonic() + drain_seconds
+        pending: set[asyncio.Task[None]] = set()
+        while self._in_flight and (left := deadline - time.monotonic()) > 0:
+            _, pending = await asyncio.wait(set(self._in_flight), timeout=left)
+        pending = set(self._in_flight)
+        for task in pending:
+            task.cancel()
+        if pending or self._gathered:
+            logger.warning(
+                "%d message(s) still in flight at shutdown; they will be redelivered",
+                len(pending) + len(self._gathered),
+            )
         if channel is not None and not channel.is_closed:
             with contextlib.suppress(Exception):
                 await channel.close()
 
     async def _on_message(self, message: AbstractIncomingMessage) -> None:
+        if self._batching is not None:
+            self._gather(message)
+            return
         if message.delivery_tag is not None:
             self._unsettled.setdefault(_channel_of(message), {})[message.delivery_tag] = (message, None)
         task = asyncio.create_task(self.handle_delivery(message))
         self._in_flight[task] = time.monotonic()
         task.add_done_callback(self._settled)
+
+    # ---- batches ------------------------------------------------------------------
+
+    def _gather(self, message: AbstractIncomingMessage) -> None:
+        assert self._batching is not None
+        self._gathered.append((message, time.monotonic()))
+        if self._batch_task is not None:
+            return  # the batch in hand starts the next when it ends
+        if len(self._gathered) >= self._batching.size:
+            self._start_batch()
+        elif self._gather_timer is None:
+            self._gather_timer = asyncio.get_running_loop().call_later(self._batching.wait, self._start_batch)
+
+    def _start_batch(self) -> None:
+        """Hand what was gathered (up to the batch size) to the batch handler, unless a
+        batch is in hand: batches go one at a time, in delivery order."""
+        if self._gather_timer is not None:
+            self._gather_timer.cancel()
+            self._gather_timer = None
+        if self._batching is None or self._batch_task is not None or not self._gathered:
+            return
+        batch = self._gathered[: self._batching.size]
+        del self._gathered[: self._batching.size]
+        self._batch_task = task = asyncio.create_task(self.handle_batch([m for m, _ in batch]))
+        self._in_flight[task] = batch[0][1]
+        task.add_done_callback(self._batch_ended)
+
+    def _batch_ended(self, task: asyncio.Task[None]) -> None:
+        self._batch_task = None
+        self._settled(task)
+        if not task.cancelled():
+            # What arrived meanwhile has waited for this batch already: it goes now.
+            self._start_batch()
+
+    async def handle_batch(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+        """Run the batch handler on messages delivered together, then settle each by its
+        outcome: the successes with one ack (``multiple`` when they are the whole batch),
+        the others through the settle step of their outcome. An infrastructure error of
+        the batch runs it again, with backoff, until it works or the process stops (then
+        the batch is requeued); any other error hands each message to the one-message
+        handler, settled alone (``handle_delivery``)."""
+        assert self._batching is not None
+        backoff = _Backoff(0.1, self._max_backoff)
+        while True:
+            try:
+                outcomes = await self._batching.handler(messages)
+                break
+            except asyncio.CancelledError:
+                raise
+            except Exception as exc:
+                error = exc
+            if classify(error) is not Outcome.RETRY_IN_PROCESS:
+                logger.warning(
+                    "a batch of %d message(s) on %s failed (%s: %s): handling each alone",
+                    len(messages),
+                    self._queue,
+                    type(error).__name__,
+                    error,
+                )
+                await asyncio.gather(*(self.handle_delivery(m) for m in messages))
+                return
+            if self._stopping.is_set():
+                for m in messages:
+                    await self._nack_requeue(m)
+                return
+            logger.warning(
+                "a batch of %d message(s) on %s: %s: %s; retrying in %.1fs",
+                len(messages),
+                self._queue,
+                type(error).__name__,
+                error,
+                backoff.seconds,
+            )
+            await self._pause(backoff.next())
+        done = [m for m, e in zip(messages, outcomes, strict=True) if e is None]
+        await self._ack_together(done, whole=len(done) == len(messages))
+        failed = [(m, e) for m, e in zip(messages, outcomes, strict=True) if e is not None]
+        await asyncio.gather(*(self._settle_alone(m, e) for m, e in failed))
+
+    async def _ack_together(self, messages: Sequence[AbstractIncomingMessage], *, whole: bool) -> None:
+        """Ack a batch's successes. The whole batch takes one ``multiple`` ack of its last
+        delivery: batches go one at a time in delivery order, so every delivery before it
+        on the channel is settled already or in this batch. A batch with failures acks its
+        successes one by one (its failures are settled apart, some after a pause)."""
+        if not messages:
+            return
+        last = messages[-1]
+        if whole and all(m.channel is last.channel for m in messages):
+            try:
+                await last.ack(multiple=True)
+            except _CHANNEL_GONE as exc:
+                logger.warning("could not ack %d message(s) on %s: %s", len(messages), self._queue, exc)
+                return
+            ACK_MESSAGES.labels(queue=self._queue).observe(len(messages))
+            return
+        for m in messages:
+            await self._ack(m)
+
+    async def _settle_alone(self, message: AbstractIncomingMessage, error: Exception) -> None:
+        """One message of a batch that failed alone: settled as the one-message handler's
+        outcome would be; an infrastructure error runs the one-message handler on it."""
+        outcome = classify(error)
+        if outcome is Outcome.RETRY_TIER and self._retry is None:
+            outcome = Outcome.RETRY_IN_PROCESS
+        if outcome is Outcome.RETRY_IN_PROCESS:
+            await self.handle_delivery(message)
+            return
+        await self._settle_steps[outcome](message, error)
 
     def _settled(self, task: asyncio.Task[None]) -> None:
         self._in_flight.pop(task, None)
@@ -419,10 +569,12 @@ class Consumer:
                 await message.ack(multiple=True)
             else:
                 await message.ack()
-            self.acks_sent += 1
-            self.messages_acked += count
         except _CHANNEL_GONE as exc:
             logger.warning("could not ack %s on %s: %s", message.message_id, self._queue, exc)
+            return
+        self.acks_sent += 1
+        self.messages_acked += count
+        ACK_MESSAGES.labels(queue=self._queue).observe(count)
 
     @contextlib.contextmanager
     def _settling(self, message: AbstractIncomingMessage) -> Iterator[None]:

@@ -1,10 +1,8 @@
--- The coalescer's first step in filing a message, inside its transaction: take the chat's
--- lock (serialises the chat's messages across replicas), then, under it and so with a
--- snapshot that sees every window committed before, read whether the message is a
--- duplicate for the coalescer (filed already, or past 'queued': taken by a reply — a fold
--- removes its window row —, answered, or with a person; a person's retry puts it back to
--- 'accepted' on purpose), whether it is in the inbox, the database clock, and the chat's
--- open window (locked for update; its columns are NULL when there is none).
+-- The coalescer's one-message lock, kept for the previous release's replicas during a rollout
+-- (they file one message a transaction; today's file batches with chatq_lock_chats, under the
+-- same per-chat advisory lock). Take the chat's lock, then, under it and so with a snapshot
+-- that sees every window committed before, read whether the message is a duplicate for the
+-- coalescer, whether it is in the inbox, the database clock, and the chat's open window.
 CREATE OR REPLACE FUNCTION chatq_lock_chat_window(p_chat_key text, p_operation uuid)
 RETURNS TABLE (duplicate boolean, known boolean, now timestamptz, id uuid, first_at timestamptz,
                last_at timestamptz, deadline_at timestamptz, due_at timestamptz, delay_seconds double precision,
@@ -29,12 +27,105 @@ BEGIN
 END
 $$;
 
+-- The coalescer's first step in filing the messages delivered together, inside their one
+-- transaction: take the chats' locks (they serialise a chat's messages across replicas) in
+-- one order, that of the lock keys, so two replicas filing batches that share chats never
+-- wait for each other in a cycle; lock the chats' open windows; then, under the locks and so
+-- with a snapshot that sees every window committed before, read for each message (in the
+-- order given, one row each) whether it is a duplicate for the coalescer (filed already, or
+-- past 'queued': taken by a reply — a fold removes its window row —, answered, or with a
+-- person; a person's retry puts it back to 'accepted' on purpose), whether it is in the
+-- inbox, the database clock (one reading for the batch), and its chat's open window (its
+-- columns are NULL when there is none).
+CREATE OR REPLACE FUNCTION chatq_lock_chats(p_chat_keys text[], p_operations uuid[])
+RETURNS TABLE (duplicate boolean, known boolean, now timestamptz, id uuid, first_at timestamptz,
+               last_at timestamptz, deadline_at timestamptz, due_at timestamptz, delay_seconds double precision,
+               message_count integer)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    k bigint;
+    v_now timestamptz;
+BEGIN
+    FOR k IN SELECT DISTINCT hashtextextended(x, 0) FROM unnest(p_chat_keys) x ORDER BY 1 LOOP
+        PERFORM pg_advisory_xact_lock(k);
+    END LOOP;
+    PERFORM 1 FROM chat_windows cw
+    WHERE cw.chat_key = ANY(p_chat_keys) AND cw.status = 'open'
+    ORDER BY cw.id
+    FOR UPDATE;
+    v_now := clock_timestamp();
+    -- One index probe per message and table (LIMIT 1 keeps each lookup a probe, whatever
+    -- the plan cached for the function thinks of the tables' sizes).
+    RETURN QUERY
+    SELECT coalesce(o.status NOT IN ('accepted', 'queued'), false) OR f.filed IS NOT NULL,
+           o.status IS NOT NULL,
+           v_now, w.id, w.first_at, w.last_at, w.deadline_at, w.due_at, w.delay_seconds, w.message_count
+    FROM unnest(p_chat_keys, p_operations) WITH ORDINALITY AS m(chat_key, op, n)
+    LEFT JOIN LATERAL (SELECT o.status FROM operations o WHERE o.id = m.op LIMIT 1) o ON true
+    LEFT JOIN LATERAL (SELECT true AS filed FROM window_messages wm WHERE wm.operation_id = m.op LIMIT 1) f ON true
+    LEFT JOIN LATERAL (
+        SELECT cw.id, cw.first_at, cw.last_at, cw.deadline_at, cw.due_at, cw.delay_seconds, cw.message_count
+        FROM chat_windows cw WHERE cw.chat_key = m.chat_key AND cw.status = 'open' LIMIT 1
+    ) w ON true
+    ORDER BY m.n;
+END
+$$;
+
+-- The coalescer's write of a batch, in one round trip: the windows as they stand after it
+-- (each once: opened by the batch, inserted — blocked while the chat has a reply job in
+-- flight or the seller holds it, which the chat's lock, held, serialises with the job's end
+-- and the hold's: 40_windows_blocked.sql —, or moved on, updated), each message in its
+-- window, and each operation waiting, its record saying for what ('filed', due at the
+-- window's due time after that message; or 'held' while the seller holds the chat).
+CREATE OR REPLACE FUNCTION chatq_file_messages(
+    p_window_ids uuid[], p_opened boolean[], p_chat_keys text[], p_platforms text[], p_account_ids text[],
+    p_chat_ids text[], p_first_at timestamptz[], p_last_at timestamptz[], p_deadline_at timestamptz[],
+    p_due_at timestamptz[], p_delay_seconds double precision[], p_message_counts integer[],
+    p_operations uuid[], p_operation_windows uuid[], p_operation_due_at timestamptz[]
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                              deadline_at, due_at, delay_seconds, message_count, blocked)
+    SELECT v.id, v.chat_key, v.platform, v.account_id, v.chat_id, 'open', v.first_at, v.last_at, v.deadline_at,
+           v.due_at, v.delay_seconds, v.message_count, chatq_chat_blocked(v.chat_key)
+    FROM unnest(p_window_ids, p_opened, p_chat_keys, p_platforms, p_account_ids, p_chat_ids, p_first_at,
+                p_last_at, p_deadline_at, p_due_at, p_delay_seconds, p_message_counts)
+         AS v(id, opened, chat_key, platform, account_id, chat_id, first_at, last_at, deadline_at, due_at,
+              delay_seconds, message_count)
+    WHERE v.opened;
+    UPDATE chat_windows w SET last_at = v.last_at, due_at = v.due_at, message_count = v.message_count
+    FROM unnest(p_window_ids, p_opened, p_chat_keys, p_last_at, p_due_at, p_message_counts)
+         AS v(id, opened, chat_key, last_at, due_at, message_count)
+    WHERE NOT v.opened AND w.id = v.id AND w.chat_key = v.chat_key;
+    INSERT INTO window_messages (operation_id, window_id)
+    SELECT v.op, v.window_id FROM unnest(p_operations, p_operation_windows) AS v(op, window_id);
+    INSERT INTO operation_events (operation_id, kind, detail)
+    SELECT v.op,
+           CASE WHEN c.held_until IS NULL THEN 'filed' ELSE 'held' END,
+           CASE WHEN c.held_until IS NULL
+                THEN 'filed in the chat''s window, waiting for the buyer to finish typing (due '
+                     || to_char(v.due_at AT TIME ZONE 'UTC', 'HH24:MI:SS') || ' UTC)'
+                ELSE 'filed in the chat''s window; the seller holds the chat until '
+                     || to_char(c.held_until AT TIME ZONE 'UTC', 'HH24:MI') || ' UTC'
+           END
+    FROM unnest(p_operations, p_operation_windows, p_operation_due_at) WITH ORDINALITY AS v(op, window_id, due_at, n)
+    JOIN chat_windows w ON w.id = v.window_id
+    LEFT JOIN chats c ON c.chat_key = w.chat_key AND c.held_until > now()
+    ORDER BY v.n;
+    -- Filing comes before any reply: only a message not yet in a window moves.
+    UPDATE operations SET status = 'waiting', updated_at = now()
+    WHERE id = ANY(p_operations) AND status = ANY(chatq_operation_sources('waiting'));
+END
+$$;
+
 -- A message of the chat received before p_before that is still in transit: stored, not yet
--- filed in a window (in the outbox, or on the broker: redelivered after a consumer died,
--- or behind a cut connection). A window whose last message came after it must wait for
--- it, both to be emitted and to be folded into a reply, or the late message would reach a
--- reply after one to a later message. Waited for at most 60 s (then the chat goes on and
--- the late message is answered by its next reply).
+-- filed in a window (in the outbox, or on the broker: behind a backlog, redelivered after
+-- a consumer died, or behind a cut connection). The scheduler passes a window's due_at: a
+-- message received before the window falls due belongs to it (or to an earlier one), and
+-- emitting without it would answer the burst twice, or answer a late message after a
+-- later one. The fold-in passes the open window's last_at. Waited for at most 60 s (then
+-- the chat goes on and the late message is answered by its next reply).
 CREATE OR REPLACE FUNCTION chatq_earlier_in_transit(
     p_platform text, p_account_id text, p_chat_id text, p_before timestamptz
 ) RETURNS boolean LANGUAGE sql STABLE AS $$

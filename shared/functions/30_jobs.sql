@@ -273,6 +273,7 @@ DECLARE
     n integer;
     chars bigint;
     job_created timestamptz;
+    acct record;
 BEGIN
     IF p_fold THEN
         PERFORM pg_advisory_xact_lock(hashtextextended(p_chat_key, 0));
@@ -326,6 +327,18 @@ BEGIN
     IF chatq_withdraw_if_seller_answered(p_job, p_chat_key, job_created, ids) THEN
         RETURN QUERY SELECT NULL::bigint, NULL::uuid, NULL::text, NULL::text, NULL::timestamptz, NULL::timestamptz, true;
         RETURN;
+    END IF;
+    -- And for the account: a person paused or removed it since the job was claimed (while
+    -- the reply was written). Nothing is sent: SQLSTATE CQ001 (removed: the job fails with
+    -- the reason) or CQ002 (paused: the job waits for the account, the reason as message).
+    SELECT a.state, a.state_reason, a.removed_at IS NOT NULL AS removed, r.platform, r.account_id INTO acct
+    FROM reply_jobs r JOIN accounts a ON a.platform = r.platform AND a.account_id = r.account_id
+    WHERE r.id = p_job;
+    IF FOUND AND acct.removed THEN
+        RAISE EXCEPTION USING ERRCODE = 'CQ001',
+            MESSAGE = 'the ' || acct.platform || ' account ' || acct.account_id || ' was removed';
+    ELSIF FOUND AND acct.state <> 'active' THEN
+        RAISE EXCEPTION USING ERRCODE = 'CQ002', MESSAGE = coalesce(acct.state_reason, acct.state);
     END IF;
     -- A new intent replaces the latest attempt's row, but never forgets that an earlier
     -- attempt may have sent (its status was sending or unknown), nor since when.

@@ -124,35 +124,6 @@ async def fail_unfiled(conn: Conn, operation_id: uuid.UUID, reason: str, owner: 
     return bool(await fail(conn, [operation_id], reason, owner, unfiled_only=True))
 
 
-async def file_waiting(conn: Conn, operation_id: uuid.UUID, chat_key: str, due_at: datetime) -> None:
-    """The coalescer filed the message in its chat's window: it waits for the buyer to
-    finish typing (or for the seller's hold to end), and its record says which."""
-    await conn.execute(
-        """
-        WITH held AS (SELECT c.held_until FROM chats c WHERE c.chat_key = $2 AND c.held_until > now())
-        , ev AS (
-            INSERT INTO operation_events (operation_id, kind, detail)
-            SELECT $1,
-                   CASE WHEN held.held_until IS NULL THEN 'filed' ELSE 'held' END,
-                   CASE WHEN held.held_until IS NULL
-                        THEN 'filed in the chat''s window, waiting for the buyer to finish typing (due '
-                             || to_char($3::timestamptz AT TIME ZONE 'UTC', 'HH24:MI:SS') || ' UTC)'
-                        ELSE 'filed in the chat''s window; the seller holds the chat until '
-                             || to_char(held.held_until AT TIME ZONE 'UTC', 'HH24:MI') || ' UTC'
-                   END
-            FROM (SELECT 1) one LEFT JOIN held ON true
-        )
-        UPDATE operations SET status = 'waiting', updated_at = now()
-        WHERE id = $1 AND status = ANY($4::text[])
-        """,
-        operation_id,
-        chat_key,
-        due_at,
-        # Filing comes before any reply: only a message not yet in a window moves.
-        [S.ACCEPTED.value, S.QUEUED.value],
-    )
-
-
 async def assign_jobs(
     conn: Conn, operation_ids: Sequence[uuid.UUID], job_ids: Sequence[uuid.UUID], at: datetime
 ) -> None:

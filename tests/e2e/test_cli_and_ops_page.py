@@ -13,14 +13,15 @@ import sys
 from collections.abc import AsyncIterator
 from typing import Any
 
+import asyncpg
 import httpx
 import pytest
 from playwright.async_api import async_playwright, expect
 
-from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET
+from tests.conftest import ADMIN_TOKEN, AVITO_SECRET, TELEGRAM_SECRET
 from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for
-from tests.support.payloads import telegram_update
+from tests.support.payloads import avito_webhook, telegram_update
 from tests.support.pipeline import pipeline_settings
 from tests.support.processes import ROOT, Receiver, Worker, run_chatq
 
@@ -177,6 +178,60 @@ async def test_the_ops_page_retries_a_failed_operation_and_shows_its_status_chan
         assert header == "rgb(31, 41, 55)"
         await page.screenshot(path=str(ROOT / ".pytest_cache" / "ops-page.png"), full_page=True)
         assert dialogs == ["prompt"]  # who decided: recorded with the retry
+    assert violations == []
+
+
+async def test_choosing_an_account_on_the_ops_page_narrows_needs_a_person_to_that_accounts_messages(
+    stack: Receiver, world: FakeWorld
+) -> None:
+    telegram_op = await failed_operation(stack, world, 9)
+    world.fail("avito.send", "400")
+    async with httpx.AsyncClient(base_url=stack.url, timeout=10) as client:
+        r = await client.post(
+            f"/v1/webhooks/avito/{AVITO_SECRET}", json=avito_webhook("f-1", chat_id="filter-1")
+        )
+        avito_op = r.json()["operation_id"]
+
+        async def failed() -> bool:
+            return (await client.get(f"/v1/operations/{avito_op}", headers=ADMIN)).json()[
+                "status"
+            ] == "failed"
+
+        await wait_for(failed, within=20, what="the Avito message to fail")
+    async with browser_page() as (page, violations):
+        await page.goto(f"{stack.url}/ops")
+        await page.fill("#token", ADMIN_TOKEN)
+        await page.click("#login button")
+        telegram_row, avito_row = (page.locator(f'tr[data-id="{op}"]') for op in (telegram_op, avito_op))
+        await telegram_row.wait_for(timeout=10_000)
+        await avito_row.wait_for(timeout=10_000)
+        await page.locator('#account-filter option[value="avito:777"]').wait_for(state="attached")
+        await page.select_option("#account-filter", "avito:777")
+        await expect(telegram_row).to_have_count(0, timeout=10_000)
+        await expect(avito_row).to_have_count(1)
+        await page.select_option("#account-filter", "")
+        await expect(telegram_row).to_have_count(1, timeout=10_000)
+    assert violations == []
+
+
+async def test_the_ops_page_account_filter_offers_a_quiet_account_among_many_busier_ones(
+    stack: Receiver, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    """/v1/stats lists the 20 busiest accounts; the filter must still offer every account
+    of the deployment (issue 21: hundreds), a quiet one too."""
+    await pool.executemany(
+        "INSERT INTO accounts (platform, account_id, name) VALUES ('avito', $1, 'busy')",
+        [(str(100 + n),) for n in range(25)],
+    )
+    quiet = '#account-filter option[value="telegram:4242"]'  # the environment's bot, after them
+    async with browser_page() as (page, violations):
+        await page.goto(f"{stack.url}/ops")
+        await page.fill("#token", ADMIN_TOKEN)
+        await page.click("#login button")
+        await page.locator('#account-filter option[value="avito:100"]').wait_for(state="attached")
+        await page.locator(quiet).wait_for(state="attached", timeout=10_000)
+        await page.select_option("#account-filter", "telegram:4242")
+        await expect(page.locator('tr[data-account="telegram:4242"]')).to_have_count(1, timeout=10_000)
     assert violations == []
 
 

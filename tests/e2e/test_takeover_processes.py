@@ -93,6 +93,10 @@ async def test_the_seller_writing_in_the_pause_silences_the_bot_until_chatq_hand
     assert held["status_text"].startswith("held by the seller until")
     listed = await chatq(stack, "chats", "list")
     assert listed.returncode == 0 and f"avito:{SELLER}:{CHAT}" in listed.stdout, listed.stdout + listed.stderr
+    mine = await chatq(stack, "chats", "list", "--account", f"avito:{SELLER}")
+    assert f"avito:{SELLER}:{CHAT}" in mine.stdout, mine.stdout + mine.stderr
+    others = await chatq(stack, "chats", "list", "--account", f"avito:{SELLER}0")
+    assert others.returncode == 0 and "0 chat(s) of account" in others.stdout, others.stdout + others.stderr
     # Past the time the pause would have ended, the bot still has not written.
     paused_until = await pool.fetchval("SELECT now() + interval '5 seconds'")
     await wait_for(

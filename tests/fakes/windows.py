@@ -15,7 +15,9 @@ from collections.abc import AsyncIterator, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
-from services.coalescer.stores import ChatState, DueWindow, Listed, Refused, WindowSession
+import asyncpg
+
+from services.coalescer.stores import ChatState, DueWindow, Filing, Listed, Refused, WindowSession
 from services.coalescer.windows import Window
 from shared.messages import InboundMessage, JobMessage, Platform, ReplyJob, chat_key
 from shared.state import operation as operation_state
@@ -74,6 +76,8 @@ class InMemoryWindows:
         self.held: set[str] = set()
         self.refuse: set[str] = set()
         self.clock = T0
+        #: The messages filed by each committed transaction that filed any.
+        self.committed_filings: list[int] = []
 
     # ---- seeding and reading ----------------------------------------------------------
 
@@ -133,11 +137,14 @@ class InMemoryWindows:
     @contextlib.asynccontextmanager
     async def transaction(self) -> AsyncIterator[WindowSession]:
         saved = copy.deepcopy(self.state)
+        session = _Session(self)
         try:
-            yield _Session(self)
+            yield session
         except BaseException:
             self.state = saved
             raise
+        if session.filed:
+            self.committed_filings.append(session.filed)
 
     async def fail_unfiled(self, operation_id: uuid.UUID, reason: str, owner: str) -> bool:
         op = self.state.operations.get(operation_id)
@@ -160,20 +167,20 @@ class InMemoryWindows:
         return sum(w.status == "open" for w in self.state.windows.values())
 
     def _claimable(self) -> list[FakeWindow]:
-        """Open, not blocked, and no earlier message of the chat in transit (received
-        before the window's last one, not yet filed, within 60 s)."""
+        """Open, not blocked, and no message of the chat in transit that it must wait for
+        (received before the window falls due, not yet filed, within 60 s)."""
         return [
             w
             for w in self.state.windows.values()
-            if w.status == "open" and not w.blocked and not self._earlier_in_transit(w)
+            if w.status == "open" and not w.blocked and not self._awaits_in_transit(w)
         ]
 
-    def _earlier_in_transit(self, w: FakeWindow) -> bool:
+    def _awaits_in_transit(self, w: FakeWindow) -> bool:
         return any(
             chat_key(o.inbound.platform, o.inbound.account_id, o.inbound.chat_id) == w.chat_key
             and o.status in _UNFILED
             and o.inbound.operation_id not in self.state.filed
-            and w.window.last_at > o.inbound.received_at > self.clock - timedelta(seconds=60)
+            and w.window.due_at > o.inbound.received_at > self.clock - timedelta(seconds=60)
             for o in self.state.operations.values()
         )
 
@@ -197,44 +204,58 @@ def _order(m: InboundMessage) -> tuple[datetime, int, str, datetime, str]:
     )
 
 
+def _refuse_unstorable(text: str) -> None:
+    """Postgres stores no NUL in text: the statement fails with a data error, as there."""
+    if "\x00" in text:
+        raise asyncpg.CharacterNotInRepertoireError('invalid byte sequence for encoding "UTF8": 0x00')
+
+
 class _Session:
     def __init__(self, store: InMemoryWindows) -> None:
         self._store = store
         self._s = store.state
+        self.filed = 0
 
-    async def lock_chat(self, chat_key: str, operation_id: uuid.UUID) -> ChatState:
-        op = self._s.operations.get(operation_id)
-        w = self._store.open_window(chat_key)
-        return ChatState(
-            duplicate=(op is not None and op.status not in _UNFILED) or operation_id in self._s.filed,
-            known=op is not None,
-            now=self._store.clock,
-            window_id=w.id if w else None,
-            window=w.window if w else None,
-        )
-
-    async def file(
-        self, window_id: uuid.UUID, inbound: InboundMessage, window: Window, *, opened: bool
-    ) -> None:
-        key = inbound.chat_key
-        if opened:
-            self._s.windows[window_id] = FakeWindow(
-                window_id,
-                key,
-                inbound.platform,
-                inbound.account_id,
-                inbound.chat_id,
-                window,
-                blocked=self._store._blocked(key),
+    async def lock_chats(self, messages: Sequence[tuple[str, uuid.UUID]]) -> list[ChatState]:
+        for key, _ in messages:
+            _refuse_unstorable(key)
+        states = []
+        for key, operation_id in messages:
+            op = self._s.operations.get(operation_id)
+            w = self._store.open_window(key)
+            states.append(
+                ChatState(
+                    duplicate=(op is not None and op.status not in _UNFILED) or operation_id in self._s.filed,
+                    known=op is not None,
+                    now=self._store.clock,
+                    window_id=w.id if w else None,
+                    window=w.window if w else None,
+                )
             )
-        else:
-            self._s.windows[window_id].window = window
-        self._s.filed[inbound.operation_id] = window_id
-        op = self._s.operations[inbound.operation_id]
-        if op.status in _UNFILED:
-            op.move(S.WAITING)
-        kind = "held" if key in self._store.held else "filed"
-        self._s.events.append((inbound.operation_id, kind, None))
+        return states
+
+    async def file(self, filings: Sequence[Filing]) -> None:
+        self.filed += len(filings)
+        for f in filings:
+            inbound, key = f.inbound, f.inbound.chat_key
+            if f.opened:
+                self._s.windows[f.window_id] = FakeWindow(
+                    f.window_id,
+                    key,
+                    inbound.platform,
+                    inbound.account_id,
+                    inbound.chat_id,
+                    f.window,
+                    blocked=self._store._blocked(key),
+                )
+            else:
+                self._s.windows[f.window_id].window = f.window
+            self._s.filed[inbound.operation_id] = f.window_id
+            op = self._s.operations[inbound.operation_id]
+            if op.status in _UNFILED:
+                op.move(S.WAITING)
+            kind = "held" if key in self._store.held else "filed"
+            self._s.events.append((inbound.operation_id, kind, None))
 
     async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
         due = sorted(

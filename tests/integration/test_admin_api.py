@@ -154,6 +154,50 @@ async def test_lists_filter_by_status_and_age_newest_first(api, world: FakeWorld
     assert (await api.get("/v1/operations?older_than=soon", headers=ADMIN)).status_code == 400
 
 
+async def test_the_needs_a_person_list_and_the_held_chats_show_only_the_chosen_accounts(
+    api, world: FakeWorld
+) -> None:
+    # Two Avito accounts on the environment's path: each has a failed message, and the
+    # second's seller answered a chat in person (held).
+    world.fail("avito.send", "400", "400")
+    url = f"/v1/webhooks/avito/{AVITO_SECRET}"
+    failed = {}
+    for user in (777, 999):
+        r = await api.post(url, json=avito_webhook(f"f-{user}", user_id=user, chat_id=f"c{user}"))
+        failed[user] = r.json()["operation_id"]
+    for op in failed.values():
+        await settled(api, op, "failed")
+    seller = avito_webhook("s-999", user_id=999, author_id=999, chat_id="h999", text="I'll answer this one")
+    assert (await api.post(url, json=seller)).status_code == 200
+
+    async def listed(account: str | None) -> set[str]:
+        params = {"status": "failed,needs_review", **({"account": account} if account else {})}
+        r = await api.get("/v1/operations", params=params, headers=ADMIN)
+        assert r.status_code == 200, r.text
+        return {o["id"] for o in r.json()["operations"]}
+
+    async def held(account: str | None) -> list[str]:
+        r = await api.get(
+            "/v1/chats", params={"held": "true", **({"account": account} if account else {})}, headers=ADMIN
+        )
+        assert r.status_code == 200, r.text
+        return [c["chat"] for c in r.json()["chats"]]
+
+    await wait_for(lambda: held(None), what="the held chat")
+    assert await listed(None) == {failed[777], failed[999]}
+    assert await listed("avito:777") == {failed[777]}
+    assert await listed("avito:999") == {failed[999]}
+    assert await listed("avito:99") == set()  # the beginning of another account's id is not it
+    assert await listed("telegram:777") == set()
+    assert await held(None) == ["avito:999:h999"]
+    assert await held("avito:999") == ["avito:999:h999"]
+    assert await held("avito:777") == [] and await held("avito:99") == []
+    for bad in ("777", "fax:777", "avito:", "avito:7\x00"):
+        for path in ("/v1/operations", "/v1/chats"):
+            r = await api.get(path, params={"account": bad}, headers=ADMIN)
+            assert r.status_code == 400 and r.json()["error"]["code"] == "bad_account", (path, bad)
+
+
 async def test_stats_give_backlog_failed_share_retries_and_reply_time(api, world: FakeWorld) -> None:
     world.fail("telegram.send", "429:1", "400")
     first = await post(api, 7, 77)

@@ -4,16 +4,28 @@ one job in flight per chat, redeliveries change nothing, replicas emit each wind
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import uuid
+from collections.abc import AsyncIterator
 
 import asyncpg
 import pytest
+from prometheus_client import REGISTRY
 
-from services.coalescer.app import policy_from
+from services.coalescer.app import inbound_consumer, policy_from
 from services.coalescer.service import Coalescer, job_id_for
-from shared.broker.topology import RESPONDER_QUEUE
+from shared.broker.connection import BrokerConnection
+from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
+from shared.broker.topology import (
+    COALESCER_DEAD_QUEUE,
+    COALESCER_QUEUE,
+    INBOUND_EXCHANGE,
+    RESPONDER_QUEUE,
+    inbound_routing_key,
+)
 from shared.messages import InboundMessage, ReplyJob
-from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET, replace
+from shared.settings import Settings
+from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET, TEST_TOPOLOGY, replace
 from tests.support.broker import QueueInspector, wait_for
 from tests.support.invariants import assert_coalescing_invariants
 from tests.support.payloads import telegram_update
@@ -239,37 +251,213 @@ async def test_a_malformed_message_on_the_inbound_queue_is_dead_lettered_and_rec
     assert dead[0]["reason"].startswith("rejected in chatq.coalescer")
 
 
-async def test_a_due_window_waits_while_an_earlier_message_of_its_chat_is_in_transit(quick, pool) -> None:
-    coalescer = Coalescer(pool, policy_from(quick))
-    early = uuid.uuid4()
-    late = uuid.uuid4()
-    for op, mid, status, age in ((early, "1", "queued", 3), (late, "2", "waiting", 1)):
-        await pool.execute(
-            """
-            INSERT INTO operations (id, platform, account_id, chat_id, message_id, text, sent_at, status,
-                                    received_at, payload)
-            VALUES ($1, 'telegram', 'bot', '9', $2, 'hi', now(), $3, now() - make_interval(secs => $4), '{}')
-            """,
-            op,
-            mid,
-            status,
-            age,
-        )
+async def received(pool: asyncpg.Pool, message_id: str, status: str, age: float) -> uuid.UUID:
+    """An operation of chat telegram:bot:9 received ``age`` seconds ago."""
+    op = uuid.uuid4()
+    await pool.execute(
+        """
+        INSERT INTO operations (id, platform, account_id, chat_id, message_id, text, sent_at, status,
+                                received_at, payload)
+        VALUES ($1, 'telegram', 'bot', '9', $2, 'hi', now(), $3, now() - make_interval(secs => $4), '{}')
+        """,
+        op,
+        message_id,
+        status,
+        age,
+    )
+    return op
+
+
+async def window_of(pool: asyncpg.Pool, *, last_age: float, due_age: float) -> uuid.UUID:
+    """An open window of chat telegram:bot:9 whose last message came ``last_age`` seconds
+    ago and which fell due ``due_age`` seconds ago."""
     window = uuid.uuid4()
     await pool.execute(
         """
         INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
                                   deadline_at, due_at, delay_seconds, message_count)
-        VALUES ($1, 'telegram:bot:9', 'telegram', 'bot', '9', 'open', now(), now(), now(), now(), 0, 1)
+        VALUES ($1, 'telegram:bot:9', 'telegram', 'bot', '9', 'open', now() - make_interval(secs => $2),
+                now() - make_interval(secs => $2), now(), now() - make_interval(secs => $3), 1, 1)
         """,
         window,
+        last_age,
+        due_age,
     )
-    await pool.execute("INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)", late, window)
+    return window
+
+
+async def filed(pool: asyncpg.Pool, op: uuid.UUID, window: uuid.UUID) -> None:
+    await pool.execute("UPDATE operations SET status = 'waiting' WHERE id = $1", op)
+    await pool.execute("INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)", op, window)
+
+
+async def test_a_window_filed_behind_a_backlog_waits_for_the_rest_of_its_burst_in_transit(
+    quick, pool
+) -> None:
+    """Both messages arrived 0.1 s apart 30 s ago; the first was filed late (its window due
+    long since), the second is still queued: one reply must cover both."""
+    coalescer = Coalescer(pool, policy_from(quick))
+    first = await received(pool, "1", "queued", 30.0)
+    second = await received(pool, "2", "queued", 29.9)
+    await received(pool, "3", "queued", 5.0)  # received after the window fell due: not awaited
+    window = await window_of(pool, last_age=30.0, due_age=29.0)
+    await filed(pool, first, window)
+
+    assert await coalescer.emit_due() == 0, "message 2 of the burst is on its way to this window"
+    await filed(pool, second, window)
+    assert await coalescer.emit_due() == 1
+    assert await pool.fetchval("SELECT operation_ids FROM reply_jobs") == [first, second]
+
+
+async def test_a_due_window_waits_while_an_earlier_message_of_its_chat_is_in_transit(quick, pool) -> None:
+    coalescer = Coalescer(pool, policy_from(quick))
+    early = await received(pool, "1", "queued", 3)
+    late = await received(pool, "2", "queued", 1)
+    window = await window_of(pool, last_age=0, due_age=0)
+    await filed(pool, late, window)
 
     assert await coalescer.emit_due() == 0, "message 1 is still on its way to this window"
     assert await coalescer.seconds_to_next_due() is None  # and the scheduler does not spin on it
-    await pool.execute("UPDATE operations SET status = 'waiting' WHERE id = $1", early)
-    await pool.execute("INSERT INTO window_messages (operation_id, window_id) VALUES ($1, $2)", early, window)
+    await filed(pool, early, window)
     assert await coalescer.emit_due() == 1
     job = await pool.fetchval("SELECT operation_ids FROM reply_jobs")
     assert job == [early, late]
+
+
+# ---- filing in batches -------------------------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def consuming_inbound(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[None]:
+    """The coalescer's inbound consumer, as its composition root builds it, on its own
+    connection; stopped (what it holds unacked goes back to the queue) on the way out."""
+    broker = BrokerConnection(settings.amqp_url.get_secret_value(), TEST_TOPOLOGY, name="test-coalescer")
+    coalescer = Coalescer(pool, policy_from(settings))
+    consumer = inbound_consumer(broker, coalescer, settings, TEST_TOPOLOGY)
+    task = asyncio.create_task(consumer.run())
+    try:
+        yield
+    finally:
+        await consumer.stop(drain_seconds=5)
+        await asyncio.wait_for(task, timeout=10)
+        await broker.close()
+
+
+async def publish_inbound(settings: Settings, messages: list[InboundMessage]) -> None:
+    broker = BrokerConnection(settings.amqp_url.get_secret_value(), TEST_TOPOLOGY, name="test-publisher")
+    errors = await ConfirmingPublisher(broker).publish_many(
+        [
+            OutgoingMessage(
+                INBOUND_EXCHANGE, inbound_routing_key(m.platform), str(m.operation_id), m.to_bytes()
+            )
+            for m in messages
+        ]
+    )
+    await broker.close()
+    assert errors == [None] * len(messages)
+
+
+def histogram(name: str, **labels: str) -> tuple[float, float]:
+    """(observations, their sum) of a histogram of this process so far."""
+    count = REGISTRY.get_sample_value(f"{name}_count", labels) or 0.0
+    return count, REGISTRY.get_sample_value(f"{name}_sum", labels) or 0.0
+
+
+async def test_a_batch_of_messages_from_several_chats_is_filed_in_one_transaction_and_acked_with_one_ack(
+    quick, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    batched = replace(quick, coalescer_file_batch_messages=6, coalescer_file_batch_wait_ms=50)
+    chats = ["31", "32", "31", "33", "32", "31"]
+    messages = [await stored(pool, chat, n) for n, chat in enumerate(chats, start=1)]
+    await publish_inbound(batched, messages)
+    commits_before = histogram("chatq_coalescer_batch_messages")
+    acks_before = histogram("chatq_consumer_ack_messages", queue=COALESCER_QUEUE)
+    async with consuming_inbound(batched, pool):
+        await wait_for(
+            lambda: histogram("chatq_consumer_ack_messages", queue=COALESCER_QUEUE) != acks_before,
+            what="the batch acked",
+        )
+    commits_after = histogram("chatq_coalescer_batch_messages")
+    acks_after = histogram("chatq_consumer_ack_messages", queue=COALESCER_QUEUE)
+    # One committed transaction filed all six; one ack settled all six.
+    assert (commits_after[0] - commits_before[0], commits_after[1] - commits_before[1]) == (1, 6)
+    assert (acks_after[0] - acks_before[0], acks_after[1] - acks_before[1]) == (1, 6)
+    assert await queues.depth(COALESCER_QUEUE) == 0, "a message of the batch went back to the queue"
+    windows = {
+        r["chat_id"]: r
+        for r in await pool.fetch("SELECT chat_id, first_at, last_at, message_count FROM chat_windows")
+    }
+    assert {chat: w["message_count"] for chat, w in windows.items()} == {"31": 3, "32": 2, "33": 1}
+    # A chat's messages folded in delivery order: its window opened with the first.
+    assert windows["31"]["first_at"] == messages[0].received_at
+    assert windows["31"]["last_at"] == messages[5].received_at
+    statuses = await pool.fetch("SELECT DISTINCT status FROM operations")
+    assert [r["status"] for r in statuses] == ["waiting"]
+    events = await pool.fetch("SELECT kind, count(*) AS n FROM operation_events GROUP BY kind")
+    assert [(r["kind"], r["n"]) for r in events] == [("filed", 6)]
+    await assert_coalescing_invariants(pool)
+
+
+async def test_a_poison_message_in_a_batch_is_dead_lettered_alone_and_the_others_are_filed(
+    quick, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    batched = replace(quick, coalescer_file_batch_messages=3, coalescer_file_batch_wait_ms=50)
+    first, poison, last = [await stored(pool, chat, n) for n, chat in enumerate(["41", "42", "41"], start=1)]
+    # Its operation is in the inbox, but the message names a chat Postgres cannot store
+    # (a NUL): filing it fails with a data error, and with it the batch's statement.
+    poison = poison.model_copy(update={"chat_id": "42\x00"})
+    await publish_inbound(batched, [first, poison, last])
+    async with consuming_inbound(batched, pool):
+        await wait_for(
+            lambda: pool.fetchval("SELECT count(*) = 2 FROM window_messages"), what="the good messages filed"
+        )
+        # The poison message is redelivered alone until its queue's delivery limit, then
+        # given up on (its operation fails, with the reason, for a person) and dead-lettered.
+        failed = await wait_for(
+            lambda: pool.fetchrow(
+                "SELECT status, status_reason FROM operations WHERE id = $1 AND status = 'failed'",
+                poison.operation_id,
+            ),
+            within=60,
+            what="the poison message given up on",
+        )
+    assert "CharacterNotInRepertoireError" in failed["status_reason"]
+    assert await pool.fetchval("SELECT message_count FROM chat_windows WHERE chat_id = '41'") == 2
+    statuses = await pool.fetch("SELECT id, status FROM operations ORDER BY received_at")
+    assert [(r["id"], r["status"]) for r in statuses] == [
+        (first.operation_id, "waiting"),
+        (poison.operation_id, "failed"),
+        (last.operation_id, "waiting"),
+    ]
+    assert await queues.depth(COALESCER_QUEUE) == 0
+    await wait_for(lambda: queues.depth(COALESCER_DEAD_QUEUE), what="the poison message dead-lettered")
+    (dead,) = await queues.drain(COALESCER_DEAD_QUEUE)
+    assert dead.message_id == str(poison.operation_id)
+
+
+async def test_a_redelivered_batch_files_nothing_twice(
+    quick, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    batched = replace(quick, coalescer_file_batch_messages=8, coalescer_file_batch_wait_ms=50)
+    messages = [await stored(pool, chat, n) for n, chat in enumerate(["51", "52", "51"], start=1)]
+    # The relay publishes at least once: each message twice, the copies in the same batch.
+    await publish_inbound(batched, messages + messages)
+    async with consuming_inbound(batched, pool):
+        await wait_for(
+            lambda: pool.fetchval("SELECT count(*) = 3 FROM window_messages"), what="the batch filed"
+        )
+        before = await pool.fetch("SELECT id, due_at, message_count FROM chat_windows ORDER BY id")
+        # And the whole batch once more, after it was filed.
+        acks = histogram("chatq_consumer_ack_messages", queue=COALESCER_QUEUE)
+        await publish_inbound(batched, messages)
+        await wait_for(
+            lambda: histogram("chatq_consumer_ack_messages", queue=COALESCER_QUEUE)[1] >= acks[1] + 3,
+            what="the redelivered batch acked",
+        )
+    assert await pool.fetch("SELECT id, due_at, message_count FROM chat_windows ORDER BY id") == before
+    assert sorted(r["message_count"] for r in before) == [1, 2]
+    assert await pool.fetchval("SELECT count(*) FROM window_messages") == 3
+    events = await pool.fetch("SELECT kind, count(*) AS n FROM operation_events GROUP BY kind")
+    assert [(r["kind"], r["n"]) for r in events] == [("filed", 3)]
+    assert await queues.depth(COALESCER_QUEUE) == 0
+    await assert_coalescing_invariants(pool)

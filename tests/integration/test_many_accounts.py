@@ -5,6 +5,7 @@ environment's single account working as before beside them; credentials never sh
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import AsyncIterator
 
@@ -13,6 +14,7 @@ import httpx
 import pytest
 from cryptography.fernet import Fernet
 
+from shared.accounts import AccountRegistry
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET, replace
 from tests.fakes.platforms import FakeWorld
@@ -295,3 +297,142 @@ async def test_rotating_the_secrets_key_reseals_every_account_and_the_old_key_ca
     async with running(replace(keyed, secrets_key=new), pool) as p:
         r = await p.client.post(SHOP2_PATH, json=avito_webhook("k-1", user_id=888, chat_id="k"))
         assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
+
+
+def bot(n: int) -> dict:
+    """The n-th Telegram bot of a seller with many."""
+    bot_id = str(700_000 + n)
+    return {
+        "platform": "telegram",
+        "account_id": bot_id,
+        "name": f"shop {n}",
+        "credentials": {
+            "bot_token": f"{bot_id}:AAscale-token-{n:06d}-abcdefghij",
+            "webhook_secret": f"scale-secret-{n:06d}-abcdefgh",
+        },
+    }
+
+
+@contextlib.asynccontextmanager
+async def two_processes(settings: Settings, pool: asyncpg.Pool) -> AsyncIterator[Registries]:
+    """The receiver (its accounts API and its registry) and another process's registry,
+    listening, with no periodic read of every account meanwhile: whatever either knows of
+    a change it learnt from that change."""
+    quiet = replace(settings, accounts_refresh_seconds=3600)
+    other = AccountRegistry.from_settings(pool, quiet)
+    async with running_receiver(quiet) as (receiver, client):
+        await other.start()
+        try:
+            yield Registries(client, receiver.public.state.runtime.accounts, other, pool)
+        finally:
+            await other.stop()
+
+
+@dataclasses.dataclass
+class Registries:
+    client: httpx.AsyncClient
+    own: AccountRegistry
+    other: AccountRegistry
+    pool: asyncpg.Pool
+    sentinels: int = 0
+
+    def counters(self) -> tuple[int, int, int, int]:
+        return (self.own.rows_read, self.own.decrypted, self.other.rows_read, self.other.decrypted)
+
+    async def caught_up(self) -> None:
+        """Every change made so far read by both: a row added last (notifications come in
+        the order of their commits) is known to both."""
+        self.sentinels += 1
+        tag = f"sentinel-{self.sentinels}"
+        await self.pool.execute("INSERT INTO accounts (platform, account_id) VALUES ('generic', $1)", tag)
+        await wait_for(
+            lambda: self.own.get("generic", tag) and self.other.get("generic", tag),
+            within=5,
+            what="both processes to read the accounts' changes",
+        )
+
+
+async def test_adding_an_account_reads_and_decrypts_as_little_with_sixty_accounts_as_with_five(
+    keyed: Settings, pool: asyncpg.Pool
+) -> None:
+    """Issue 21: adding 1,000 accounts took two minutes, as each add made every process read
+    and decrypt every account. An add reads that account's row only, in the process that
+    made it and in one that hears of it, whatever the number of accounts."""
+    async with two_processes(keyed, pool) as r:
+
+        async def cost_of_adding(n: int) -> tuple[int, ...]:
+            await r.caught_up()
+            before = r.counters()
+            await add(r.client, bot(n))
+            await r.caught_up()
+            return tuple(
+                a - b - sentinel for a, b, sentinel in zip(r.counters(), before, (1, 0, 1, 0), strict=True)
+            )
+
+        for n in range(4):
+            await add(r.client, bot(n))
+        few = await cost_of_adding(4)
+        for n in range(5, 59):
+            await add(r.client, bot(n))
+        many = await cost_of_adding(59)
+        assert await pool.fetchval("SELECT count(*) FROM accounts") > 60
+        # Rows read and credentials decrypted: the adding process reads the new row when it
+        # adds it and when it hears of it (decrypting it once); the other reads it once.
+        assert few == many == (2, 1, 1, 1)
+        assert r.other.get("telegram", bot(59)["account_id"]).credentials == bot(59)["credentials"]
+        # The periodic read of every account decrypts none whose credentials did not change.
+        rows, decrypted = r.other.rows_read, r.other.decrypted
+        await r.other.refresh()
+        assert r.other.decrypted == decrypted
+        assert r.other.rows_read - rows == await pool.fetchval("SELECT count(*) FROM accounts")
+
+
+async def test_a_process_whose_notifications_connection_was_cut_listens_again_and_misses_no_change(
+    keyed: Settings, pool: asyncpg.Pool
+) -> None:
+    async with two_processes(keyed, pool) as r:
+        assert r.other.listening
+        # Postgres unreachable for the other process for a while (it would listen again
+        # within milliseconds otherwise), then its connection cut.
+        dsn = r.other._dsn
+        r.other._dsn = "postgresql://postgres@127.0.0.1:1/unreachable"
+        cut = await pool.fetchval(
+            "SELECT count(*) FROM (SELECT pg_terminate_backend(pid) FROM pg_stat_activity"
+            " WHERE datname = current_database() AND query LIKE 'LISTEN%') t"
+        )
+        assert cut >= 2  # the receiver's and the other process's
+        await wait_for(lambda: not r.other.listening, within=5, what="the cut seen")
+        # Changed while nobody listened: read when it listens again, not 3,600 s later.
+        await add(r.client, SHOP2)
+        assert r.other.get("avito", "888") is None
+        r.other._dsn = dsn
+        await wait_for(lambda: r.other.listening, within=15, what="listening again")
+        await wait_for(lambda: r.other.get("avito", "888"), within=5, what="the account added meanwhile")
+        # And from then on, notified as before.
+        await r.client.post("/v1/accounts/avito/888/pause", json={"reason": "holiday"}, headers=ADMIN)
+        await wait_for(
+            lambda: r.other.get("avito", "888").state == "paused_by_person", within=5, what="the pause"
+        )
+
+
+async def test_another_process_sees_an_accounts_new_path_secret_pause_and_removal_at_once(
+    keyed: Settings, pool: asyncpg.Pool
+) -> None:
+    async with two_processes(keyed, pool) as r:
+        old = SHOP2["credentials"]["webhook_secret"]
+        new = "shop2-new-path-secret-987654321"
+        await add(r.client, SHOP2)
+        shop = await wait_for(lambda: r.other.by_path_secret("avito", old), within=5, what="the new account")
+        assert shop.account_id == "888" and shop.credentials["client_id"] == "client-2"
+        await add(r.client, {**SHOP2, "credentials": {"webhook_secret": new}})
+        await wait_for(lambda: r.other.by_path_secret("avito", new), within=5, what="its new path")
+        # The old path answers no more, in either process; the other credentials were kept.
+        assert r.other.by_path_secret("avito", old) is None and r.own.by_path_secret("avito", old) is None
+        assert r.other.get("avito", "888").credentials["client_secret"] == "client-2-secret-value"
+        await r.client.post("/v1/accounts/avito/888/pause", json={"reason": "holiday"}, headers=ADMIN)
+        await wait_for(
+            lambda: r.other.get("avito", "888").state == "paused_by_person", within=5, what="the pause"
+        )
+        await r.client.delete("/v1/accounts/avito/888", headers=ADMIN)
+        await wait_for(lambda: r.other.get("avito", "888").removed, within=5, what="the removal")
+        assert r.other.by_path_secret("avito", new) is None and r.other.get("avito", "888").credentials == {}

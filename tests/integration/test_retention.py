@@ -40,8 +40,12 @@ async def test_finished_rows_past_the_period_are_purged_and_what_a_person_holds_
     assert await Retention(pool, keep_seconds=3600).purge() == {}
     # Everything is, now: the replied message and its job, window and delivery go; the
     # failed one (a person must act) and its job stay, and so do both chats' markers.
-    await pool.execute("UPDATE operations SET updated_at = now() - interval '2 hours'")
-    await pool.execute("UPDATE reply_jobs SET updated_at = now() - interval '2 hours'")
+    await pool.execute(
+        "UPDATE operations SET received_at = now() - interval '3 hours', updated_at = now() - interval '2 hours'"
+    )
+    await pool.execute(
+        "UPDATE reply_jobs SET created_at = now() - interval '3 hours', updated_at = now() - interval '2 hours'"
+    )
     await pool.execute("UPDATE chat_windows SET closed_at = now() - interval '2 hours'")
     purged = await Retention(pool, keep_seconds=3600, chunk=1).purge()
 
@@ -58,6 +62,21 @@ async def test_finished_rows_past_the_period_are_purged_and_what_a_person_holds_
         == 0
     )
     assert [e["kind"] for e in doc["timeline"]][-1] == "failed"
+
+
+async def test_a_message_received_long_ago_but_finished_lately_stays_for_the_whole_period(
+    pipeline: Pipeline, pool: asyncpg.Pool
+) -> None:
+    """A person retried a week-old message today: its operation and reply count from their
+    last change, not from the receipt."""
+    op = await pipeline.telegram(1, 11, "Do you deliver?")
+    assert (await pipeline.settled(op))["status"] == "replied"
+    await pool.execute("UPDATE operations SET received_at = now() - interval '7 days'")
+    await pool.execute("UPDATE reply_jobs SET created_at = now() - interval '7 days'")
+
+    assert await Retention(pool, keep_seconds=3600).purge() == {}
+    assert await pool.fetchval("SELECT count(*) FROM operations") == 1
+    assert await pool.fetchval("SELECT count(*) FROM reply_jobs") == 1
 
 
 async def test_one_replica_purges_at_a_time(pool: asyncpg.Pool) -> None:

@@ -4,10 +4,19 @@ and the facts responder's answer in it, and which Avito messages are never answe
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from services.receiver.webhooks.avito import message_intake
-from services.responder.llm import DEFAULT_FACTS, FactsWriter, buyer_language, listing_text, parse_facts
+from services.responder.llm import (
+    DEFAULT_FACTS,
+    FactsWriter,
+    account_facts_path,
+    buyer_language,
+    listing_text,
+    parse_facts,
+)
 from services.responder.platforms.avito import listing_of, next_offset, since_last_answer
 from services.responder.platforms.base import Listing
 
@@ -188,3 +197,17 @@ def test_our_own_reply_answers_nothing_the_inbox_did_not_hold_but_the_sellers_me
     # The same message written by the seller in person answers what came before it.
     found, reached = since_last_answer(items, ME, since=0)
     assert [m["id"] for m in found] == ["b3"] and reached is True
+
+
+def test_an_accounts_facts_file_is_read_only_from_the_facts_folder(tmp_path: Path) -> None:
+    folder = tmp_path / "facts"
+    folder.mkdir()
+    (folder / "shop.txt").write_text("x")
+    (tmp_path / "secret.key").write_text("k")
+    (folder / "leak.txt").symlink_to(tmp_path / "secret.key")
+    assert account_facts_path(str(folder), "shop.txt") == (folder / "shop.txt").resolve()
+    for name in ("../secret.key", "/etc/passwd", ".env", "a/b", "leak.txt"):
+        with pytest.raises(ValueError, match="CHATQ_FACTS_DIR"):
+            account_facts_path(str(folder), name)
+    with pytest.raises(ValueError, match="not set"):
+        account_facts_path(None, "shop.txt")

@@ -12,6 +12,7 @@ from datetime import timedelta
 import pytest
 
 from services.coalescer.service import Coalescer, job_id_for
+from services.coalescer.stores import Filing
 from services.coalescer.windows import WindowPolicy, open_window
 from shared.broker.consumer import Reject
 from shared.messages import InboundMessage, JobCaps
@@ -141,6 +142,35 @@ async def test_a_window_waits_while_an_earlier_message_of_its_chat_is_in_transit
     assert [m.text for m in store.state.outbox[0].messages] == ["a", "b"]
 
 
+async def test_a_window_filed_late_waits_for_a_later_message_of_its_burst_still_in_transit(
+    store: InMemoryWindows,
+) -> None:
+    """The pause counts from receipt, so a window filed behind a backlog is due at once; a
+    message of its burst received after its last one (before it fell due) is still on its
+    way and would be answered by a second reply if the window went without it."""
+    c = coalescer(store)
+    a = store.receive(text="a")
+    store.advance(0.1)
+    b = store.receive(text="b")
+    store.advance(30)  # the backlog: both wait 30 s to be filed
+    await c.file(a)
+    assert await c.emit_due() == 0, "b belongs to the burst and is on its way"
+    await c.file(b)
+    assert await c.emit_due() == 1
+    assert [[m.text for m in j.messages] for j in store.state.outbox] == [["a", "b"]]
+
+
+async def test_a_message_in_transit_received_after_the_window_fell_due_does_not_hold_it(
+    store: InMemoryWindows,
+) -> None:
+    c = coalescer(store)
+    await c.file(store.receive(text="a"))
+    store.advance(6)  # due after 5 s
+    store.receive(text="b")  # the next burst, not yet filed
+    assert await c.emit_due() == 1
+    assert [m.text for m in store.state.outbox[0].messages] == ["a"]
+
+
 async def test_a_window_past_the_cap_is_answered_in_parts_and_the_rest_waits_for_the_first_job(
     store: InMemoryWindows,
 ) -> None:
@@ -216,9 +246,9 @@ async def test_a_failed_transaction_leaves_nothing_behind(store: InMemoryWindows
     m = store.receive()
     with pytest.raises(RuntimeError):
         async with store.transaction() as tx:
-            chat = await tx.lock_chat(m.chat_key, m.operation_id)
+            (chat,) = await tx.lock_chats([(m.chat_key, m.operation_id)])
             assert chat.window is None
-            await tx.file(uuid.uuid4(), m, open_window(chat.now, POLICY, lambda: 0.0), opened=True)
+            await tx.file([Filing(uuid.uuid4(), m, open_window(chat.now, POLICY, lambda: 0.0), opened=True)])
             raise RuntimeError("the connection broke")
     assert await store.open_windows() == 0
     assert store.operation(m).status == OperationStatus.QUEUED

@@ -8,7 +8,7 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from services.responder.failures import Kind, classify_status, classify_transport
+from services.responder.failures import Kind, classify_llm, classify_status, classify_transport
 from services.responder.platforms.avito import AvitoPlatform, AvitoToken
 from services.responder.platforms.base import Attempts, Sent, SentQuery, TooEarly, call
 from services.responder.platforms.telegram import TelegramPlatform
@@ -257,3 +257,57 @@ def test_every_retry_reason_the_responder_can_count_is_created_at_start() -> Non
     assert literal == set(RETRY_REASONS), literal ^ set(RETRY_REASONS)
     assert 'kind=f"{stage}_{failure.kind}"' in source
     assert "if failure.kind is Kind.PERMANENT:" in source, "non-transient failures do not retry"
+
+
+def _model_error(status: int, body: dict[str, object], headers: dict[str, str] | None = None) -> Exception:
+    import openai
+
+    request = httpx.Request("POST", "http://model.test/v1/chat/completions")
+    response = httpx.Response(status, headers=headers or {}, json=body, request=request)
+    cls = {
+        400: openai.BadRequestError,
+        409: openai.ConflictError,
+        429: openai.RateLimitError,
+        500: openai.InternalServerError,
+    }[status]
+    return cls("model error", response=response, body=body)
+
+
+@pytest.mark.parametrize(
+    ("error", "kind", "reason", "retry_after"),
+    [
+        (_model_error(429, {"error": {"code": "insufficient_quota"}}), Kind.PERMANENT, "quota", None),
+        (
+            _model_error(429, {"error": {"code": "rate_limit"}}, {"retry-after": "7"}),
+            Kind.TRANSIENT,
+            "rate",
+            7.0,
+        ),
+        (_model_error(500, {}), Kind.TRANSIENT, "model error 500", None),
+        (_model_error(409, {}), Kind.TRANSIENT, "model error 409", None),
+        (
+            _model_error(400, {"error": {"code": "context_length_exceeded"}}),
+            Kind.PERMANENT,
+            "context_length",
+            None,
+        ),
+        (TimeoutError(), Kind.TRANSIENT, "model call failed (TimeoutError)", None),
+    ],
+)
+def test_a_models_failure_is_retried_unless_asking_again_cannot_help(
+    error: Exception, kind: Kind, reason: str, retry_after: float | None
+) -> None:
+    failure = classify_llm(error)
+    assert (failure.kind, failure.retry_after) == (kind, retry_after)
+    assert reason in failure.reason
+
+
+def test_the_receiver_starts_without_importing_the_model_client() -> None:
+    """openai's types are half a second of imports, paid at each restart of a receiver (a
+    webhook refused meanwhile is retried by the platform later) that never calls a model."""
+    import subprocess
+    import sys
+
+    probe = "import sys, services.receiver.app; print('openai' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -44,6 +44,18 @@ def test_a_key_file_is_read_again_so_a_rotation_needs_no_restart(tmp_path: Path)
     assert box.open(sealed_new) == CREDENTIALS
 
 
+def test_a_key_file_caught_empty_while_it_is_rewritten_keeps_the_keys_in_use(tmp_path: Path) -> None:
+    """`echo NEW,OLD > file` truncates the file before it writes it: a read in between
+    must not leave the process without keys (every account's replies would fail)."""
+    keys = tmp_path / "secrets-key"
+    keys.write_text(OLD)
+    box = SecretBox(key_file=str(keys))
+    sealed = box.seal(CREDENTIALS)
+    keys.write_text("")
+    box.reload()
+    assert box.configured and box.open(sealed) == CREDENTIALS
+
+
 def test_without_a_key_nothing_is_sealed_and_the_error_says_which_setting() -> None:
     box = SecretBox(None)
     assert not box.configured

@@ -56,6 +56,14 @@ def test_reply_delays_must_be_an_interval() -> None:
         Settings(reply_delay_min_seconds=30, reply_delay_max_seconds=10)
 
 
+def test_a_coalescer_batch_larger_than_its_prefetch_is_refused() -> None:
+    with pytest.raises(ValidationError, match="COALESCER_FILE_BATCH_MESSAGES must not exceed"):
+        Settings(coalescer_prefetch=32, coalescer_file_batch_messages=64)
+    assert (
+        Settings(coalescer_prefetch=64, coalescer_file_batch_messages=64).coalescer_file_batch_messages == 64
+    )
+
+
 def test_retry_delays_are_parsed_and_must_be_positive() -> None:
     assert Settings(retry_delays_seconds="1, 10,60").retry_delays() == [1, 10, 60]
     with pytest.raises(ValidationError):

@@ -61,31 +61,49 @@ async def operation(pool: asyncpg.Pool, op_id: uuid.UUID) -> dict[str, Any] | No
     return doc
 
 
-async def operations(pool: asyncpg.Pool, statuses: list[str], age: float, limit: int) -> dict[str, Any]:
-    """The newest operations in ``statuses`` received at least ``age`` seconds ago."""
+async def operations(
+    pool: asyncpg.Pool,
+    statuses: list[str],
+    age: float,
+    limit: int,
+    platform: str | None = None,
+    account_id: str | None = None,
+) -> dict[str, Any]:
+    """The newest operations in ``statuses`` received at least ``age`` seconds ago: the
+    whole deployment's, or one account's."""
     rows = await pool.fetch(
         _SELECT
         + """
         WHERE o.status = ANY($1::text[]) AND o.received_at <= now() - make_interval(secs => $2)
+          AND ($4::text IS NULL OR (o.platform = $4 AND o.account_id = $5))
         ORDER BY o.received_at DESC LIMIT $3
         """,
         statuses,
         age,
         limit,
+        platform,
+        account_id,
     )
     return {"operations": [operation_document(r) for r in rows], "count": len(rows)}
 
 
-async def held_chats(pool: asyncpg.Pool) -> dict[str, Any]:
+async def held_chats(
+    pool: asyncpg.Pool, platform: str | None = None, account_id: str | None = None
+) -> dict[str, Any]:
     """The chats the seller holds (the bot stays out until ``held_until``), with the
-    messages waiting in each."""
+    messages waiting in each: the whole deployment's, or one account's (a chat key begins
+    with its account's, ``chatq_chat_key``)."""
     rows = await pool.fetch(
         """
         SELECT c.chat_key, c.seller_wrote_at, c.seller_message_id, c.held_until,
                (SELECT count(*) FROM chat_windows w JOIN window_messages wm ON wm.window_id = w.id
                 WHERE w.chat_key = c.chat_key AND w.status = 'open') AS waiting
-        FROM chats c WHERE c.held_until > now() ORDER BY c.held_until
-        """
+        FROM chats c WHERE c.held_until > now()
+          AND ($1::text IS NULL OR starts_with(c.chat_key, chatq_chat_key($1, $2, '')))
+        ORDER BY c.held_until
+        """,
+        platform,
+        account_id,
     )
     return {
         "chats": [

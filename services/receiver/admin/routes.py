@@ -43,6 +43,22 @@ async def get_operation(operation_id: str, request: Request) -> dict[str, Any]:
     return doc
 
 
+def parse_account(account: str | None) -> tuple[str | None, str | None]:
+    """``platform:account_id`` (as ``chatq`` and the ops page write it) -> its two parts."""
+    if account is None or not account.strip():
+        return None, None
+    platform, sep, account_id = account.strip().partition(":")
+    # Postgres text holds no NUL character: a 400 here, not a 500 from the query.
+    if (
+        not sep
+        or "\x00" in account_id
+        or platform not in ("telegram", "avito", "generic", "sandbox")
+        or not account_id
+    ):
+        raise ApiError(400, "bad_account", "account is PLATFORM:ACCOUNT_ID, e.g. avito:123456")
+    return platform, account_id
+
+
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 
 
@@ -58,10 +74,16 @@ def parse_age(value: str) -> float:
 
 @router.get("/v1/operations", response_model=models.OperationList)
 async def list_operations(
-    request: Request, status: str | None = None, older_than: str | None = None, limit: int = 50
+    request: Request,
+    status: str | None = None,
+    older_than: str | None = None,
+    limit: int = 50,
+    account: str | None = None,
 ) -> dict[str, Any]:
-    """The newest operations, by status (comma-separated) and age (``older_than=15m``)."""
+    """The newest operations, by status (comma-separated), age (``older_than=15m``) and
+    account (``account=avito:42``)."""
     require_admin(request)
+    platform, account_id = parse_account(account)
     if not 1 <= limit <= 1000:
         raise ApiError(400, "bad_limit", "limit is between 1 and 1000")
     statuses = [s.strip() for s in status.split(",")] if status else list(read.STATUSES)
@@ -69,7 +91,7 @@ async def list_operations(
     if unknown:
         raise ApiError(400, "bad_status", f"unknown status {unknown[0]!r}; one of {', '.join(read.STATUSES)}")
     age = parse_age(older_than) if older_than else 0.0
-    return await read.operations(request.app.state.pool, statuses, age, limit)
+    return await read.operations(request.app.state.pool, statuses, age, limit, platform, account_id)
 
 
 class RetryRequest(BaseModel):
@@ -123,13 +145,15 @@ async def resolve_operation(operation_id: str, body: Resolution, request: Reques
 
 
 @router.get("/v1/chats", response_model=models.HeldChats)
-async def list_chats(request: Request, held: bool = True) -> dict[str, Any]:
+async def list_chats(request: Request, held: bool = True, account: str | None = None) -> dict[str, Any]:
     """The chats a person holds: the seller answered in person and the bot stays out until
-    ``held_until`` (``held=true``, the only listing today)."""
+    ``held_until`` (``held=true``, the only listing today); all, or one account's
+    (``account=avito:42``)."""
     require_admin(request)
+    platform, account_id = parse_account(account)
     if not held:
         raise ApiError(400, "bad_filter", "only held=true is listed")
-    return await read.held_chats(request.app.state.pool)
+    return await read.held_chats(request.app.state.pool, platform, account_id)
 
 
 @router.post("/v1/chats/{chat:path}/resume", response_model=models.Resumed)
@@ -141,16 +165,6 @@ async def resume_chat(chat: str, request: Request) -> dict[str, Any]:
     if not await pool.fetchval("SELECT chatq_resume_chat($1)", chat):
         raise ApiError(409, "not_held", f"chat {chat!r} is not held by the seller")
     return {"chat": chat, "held": False}
-
-
-def parse_account(account: str | None) -> tuple[str | None, str | None]:
-    """``platform:account_id`` (as ``chatq`` and the ops page write it) -> its two parts."""
-    if account is None or not account.strip():
-        return None, None
-    platform, sep, account_id = account.strip().partition(":")
-    if not sep or platform not in ("telegram", "avito", "generic", "sandbox") or not account_id:
-        raise ApiError(400, "bad_account", "account is PLATFORM:ACCOUNT_ID, e.g. avito:123456")
-    return platform, account_id
 
 
 @router.get("/v1/stats", response_model=models.Stats, response_model_exclude_unset=True)
