@@ -108,6 +108,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         on_give_up=responder.give_up,
         on_retry=responder.retry_scheduled,
         delivery_limit=parts.topology.queue(RESPONDER_QUEUE).delivery_limit,
+        acks_together=True,
     )
     dead = Consumer(
         consume_broker,

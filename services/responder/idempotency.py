@@ -294,9 +294,14 @@ class PgJobSession:
             async with self._shared.alone() as conn:
                 if conn.is_in_transaction():
                     raise asyncpg.InterfaceError("a transaction is still open")
-                # Only this job's lock: the connection's other jobs hold theirs. A claim
-                # that raised may not have taken it (then this unlocks nothing).
-                await conn.execute("SELECT pg_advisory_unlock($1)", self._lock_key)
+                # Only this job's lock: the connection's other jobs hold theirs. Session
+                # locks stack and outlive a failed statement (a give-up inside the handler
+                # that raised may have left a second hold; a claim that raised, none):
+                # every hold this connection has on it, which no other session of this
+                # process shares (JobStore.holders).
+                await conn.execute(
+                    "SELECT count(*) FROM generate_series(1, 4) WHERE pg_advisory_unlock($1)", self._lock_key
+                )
             unlocked = True
         finally:
             if not unlocked:

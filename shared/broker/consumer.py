@@ -5,11 +5,12 @@ in one step per outcome:
 =====================================  ==============================================
 handler outcome                         what happens to the message
 =====================================  ==============================================
-returns                                 ack (the acks due in one turn of the event
-                                        loop go together: one ``multiple`` ack for
-                                        the channel's oldest outstanding deliveries
-                                        when all of them are to be acked, never past
-                                        one still being handled or settled otherwise)
+returns                                 ack (with ``acks_together``, the acks due in
+                                        one turn of the event loop go together: one
+                                        ``multiple`` ack for the channel's oldest
+                                        outstanding deliveries when all of them are
+                                        to be acked, never past one still being
+                                        handled or settled otherwise)
 raises ``Reject``                       ``on_give_up``, then nack without requeue: the
                                         queue's DLX moves it to ``chatq.*.dead``
 raises ``RetryLater``                   a confirmed publish to the retry tier for the
@@ -202,6 +203,7 @@ class Consumer:
         requeue_pause: float = 1.0,
         max_backoff: float = 5.0,
         batching: Batching | None = None,
+        acks_together: bool = False,
     ) -> None:
         self._broker = broker
         self._queue = queue
@@ -216,6 +218,8 @@ class Consumer:
         self._stopping = asyncio.Event()
         self._in_flight: dict[asyncio.Task[None], float] = {}
         self._batching = batching
+        #: Acks of single deliveries go together where order allows (``_ack``).
+        self._acks_together = acks_together
         #: Deliveries waiting for the next batch, with when each arrived.
         self._gathered: list[tuple[AbstractIncomingMessage, float]] = []
         self._gather_timer: asyncio.TimerHandle | None = None
@@ -316,7 +320,7 @@ class Consumer:
         if self._batching is not None:
             self._gather(message)
             return
-        if message.delivery_tag is not None:
+        if self._acks_together and message.delivery_tag is not None:
             self._unsettled.setdefault(_channel_of(message), {})[message.delivery_tag] = (message, None)
         task = asyncio.create_task(self.handle_delivery(message))
         self._in_flight[task] = time.monotonic()

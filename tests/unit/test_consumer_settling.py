@@ -61,7 +61,12 @@ class Hooks:
 
 
 def consumer(
-    handler: Any, hooks: Hooks, *, publisher: Publisher | None = None, delivery_limit: int | None = None
+    handler: Any,
+    hooks: Hooks,
+    *,
+    publisher: Publisher | None = None,
+    delivery_limit: int | None = None,
+    acks_together: bool = False,
 ) -> Consumer:
     retry = RetryTiers(publisher, (1, 10), max_attempts=3) if publisher is not None else None  # type: ignore[arg-type]
     return Consumer(
@@ -74,6 +79,7 @@ def consumer(
         on_retry=hooks.retried,
         delivery_limit=delivery_limit,
         requeue_pause=0,
+        acks_together=acks_together,
     )
 
 
@@ -203,7 +209,7 @@ async def settled(c: Consumer) -> None:
 
 async def test_messages_handled_in_the_same_turn_are_acked_with_one_multiple_ack() -> None:
     channel = Channel()
-    c = consumer(raising(None, None, None), Hooks())
+    c = consumer(raising(None, None, None), Hooks(), acks_together=True)
     await deliver(c, [Tagged(channel, t) for t in (1, 2, 3)])
     await settled(c)
     assert channel.frames == [("ack", 3, True)]
@@ -217,7 +223,7 @@ async def test_an_ack_never_reaches_past_a_message_still_being_handled() -> None
         if message.delivery_tag == 1:
             await slow.wait()
 
-    c = consumer(handler, Hooks())
+    c = consumer(handler, Hooks(), acks_together=True)
     await deliver(c, [Tagged(channel, t) for t in (1, 2, 3)])
     await until(lambda: len(channel.frames) >= 2)
     assert channel.frames == [("ack", 2, False), ("ack", 3, False)]  # 1 is still being handled
@@ -228,7 +234,7 @@ async def test_an_ack_never_reaches_past_a_message_still_being_handled() -> None
 
 async def test_a_dead_lettered_message_among_acked_ones_is_settled_on_its_own() -> None:
     channel = Channel()
-    c = consumer(raising(None, Reject("poison"), None), Hooks())
+    c = consumer(raising(None, Reject("poison"), None), Hooks(), acks_together=True)
     await deliver(c, [Tagged(channel, t) for t in (1, 2, 3)])
     await settled(c)
     assert ("dead-letter", 2, False) in channel.frames
@@ -244,3 +250,11 @@ async def test_a_dead_lettered_message_among_acked_ones_is_settled_on_its_own() 
     assert not any(
         kind == "ack" and multiple and tag >= 2 for kind, tag, multiple in channel.frames[:reject_at]
     )
+
+
+async def test_without_acks_together_each_delivery_is_acked_alone() -> None:
+    channel = Channel()
+    c = consumer(raising(None, None), Hooks())
+    await deliver(c, [Tagged(channel, t) for t in (1, 2)])
+    await settled(c)
+    assert sorted(channel.frames) == [("ack", 1, False), ("ack", 2, False)]
