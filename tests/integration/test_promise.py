@@ -33,6 +33,7 @@ from shared.broker.topology import (
     JOBS_EXCHANGE,
     RESPONDER_DEAD_QUEUE,
     RESPONDER_QUEUE,
+    build_topology,
 )
 from shared.metrics import RETRIES
 from shared.ops_http import consumer_readiness
@@ -179,8 +180,10 @@ async def test_a_retry_tier_publish_that_fails_keeps_the_message_until_it_goes_a
     target = infra.amqp_url.split("@", 1)[1].split("/", 1)[0]
     host, port = target.split(":")
     proxy = await TcpProxy(host, int(port)).start()
-    retry_broker = BrokerConnection(via_proxy(infra.amqp_url, proxy.port), TEST_TOPOLOGY, name="retry")
-    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY, name="consume")
+    # Its own retry tier of 0.3 s, declared here: not left to another test to have declared.
+    topology = build_topology((0.3,))
+    retry_broker = BrokerConnection(via_proxy(infra.amqp_url, proxy.port), topology, name="retry")
+    broker = BrokerConnection(infra.amqp_url, topology, name="consume")
     calls: list[int] = []
 
     async def handler(message: aio_pika.abc.AbstractIncomingMessage) -> None:
