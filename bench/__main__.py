@@ -77,6 +77,13 @@ def rows() -> list[dict[str, Any]]:
             row("responder", "jobs/s, same run", responder["responder_jobs_per_s"],
                 "bare consumer + the same platform call", responder["bare_with_send_jobs_per_s"],
                 "(context)", None, "jobs/s")  # fmt: skip
+        if "responder_cpu_ms_per_job" in responder:  # what a job costs, and in how many round trips
+            row("responder", "CPU ms per job, responder process", responder["responder_cpu_ms_per_job"], "", None,
+                "(context)", None, "ms")  # fmt: skip
+            row("responder", "CPU ms per job, its Postgres backends", responder["postgres_cpu_ms_per_job"], "", None,
+                "(context)", None, "ms")  # fmt: skip
+            row("responder", "Postgres transactions (round trips) per job", responder["transactions_per_job"],
+                "", None, "(context)", None, "")  # fmt: skip
     coalescer = load("coalescer-100000.json")
     if coalescer and "filing" in coalescer:
         f = coalescer["filing"]

@@ -9,6 +9,13 @@ consumer then drains N messages of the same size from a queue of the same type,
 inserting one row per message; a second bare run also makes the responder's one
 platform call per message (the same httpx POST to the same fake Telegram), which shows
 how much of the gap is the reply's required HTTP call rather than our bookkeeping.
+
+What a job costs, from the first reply to the last: the responder process's CPU and its
+Postgres backends' CPU (from /proc; nothing else runs on the benchmark's database then),
+and the Postgres transactions the responder committed or rolled back per job (every
+statement it sends outside an explicit transaction is one, so this counts its round
+trips; from pg_stat_database, read after the responder exited and flushed its counters,
+start-up and shutdown included).
 """
 
 from __future__ import annotations
@@ -22,6 +29,7 @@ import aio_pika
 import asyncpg
 import httpx
 
+from bench.blocked import cpu_seconds
 from bench.intake import lua_file, wrk
 from bench.pipeline import WRK_SCRIPT, fresh, instant_settings
 from bench.support import add_infra_arguments, bench_main
@@ -41,7 +49,10 @@ async def queue_depth(amqp_url: str, queue: str) -> int:
 async def responder_round(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any]:
     async with fresh(args) as (db_url, amqp_url):
         concurrency = args.concurrency or Settings.model_fields["responder_concurrency"].default
-        settings = instant_settings(db_url, amqp_url, world, responder_concurrency=concurrency)
+        # Every job queued before the responder starts: no fair-share cap on the one account.
+        settings = instant_settings(
+            db_url, amqp_url, world, responder_concurrency=concurrency, account_jobs_in_flight=0
+        )
         receiver = await Receiver(settings).start()
         coalescer = await Worker("coalescer", settings).start()
         try:
@@ -56,24 +67,36 @@ async def responder_round(args: argparse.Namespace, world: FakeWorld) -> dict[st
             await coalescer.stop()
             await receiver.stop()
         conn = await asyncpg.connect(db_url)
+        xacts_before = await transactions(conn)
         before = len(world.telegram)
         responder = Worker("responder", settings)
         started = time.monotonic()
         await responder.start(wait_healthy=False)
+        assert responder.proc is not None
         first: float | None = None
+        cpu_first = pg_first = 0.0
+        done_first, pg_pids = 0, list[int]()
         try:
             while (n := len(world.telegram) - before) < accepted:
                 if first is None and n > 0:
                     first = time.monotonic()
+                    cpu_first, done_first = cpu_seconds([responder.proc.pid]), n
+                    pg_pids = await backends(conn)
+                    pg_first = cpu_seconds(pg_pids)
                 if time.monotonic() - started > 300:
                     raise RuntimeError("the responder did not finish")
                 await asyncio.sleep(0.01)
             last = time.monotonic()
+            cpu_last = cpu_seconds([responder.proc.pid])
+            # Backends opened after the first reply count from zero.
+            pg_last = cpu_seconds(sorted(set(pg_pids) | set(await backends(conn))))
         finally:
             await responder.stop()
         first = first or last
         replied = await conn.fetchval("SELECT count(*) FROM operations WHERE status = 'replied'")
+        xacts = await transactions(conn, settle=True) - xacts_before
         await conn.close()
+        measured = max(accepted - done_first, 1)
         # Bare consumer on the same broker and database: one INSERT per message, manual ack;
         # then the same plus the responder's one platform call per message.
         prefetch = settings.responder_concurrency
@@ -90,7 +113,34 @@ async def responder_round(args: argparse.Namespace, world: FakeWorld) -> dict[st
         "bare_with_send_jobs_per_s": bare_send,
         "ratio": rate / bare,
         "ratio_to_bare_with_send": rate / bare_send,
+        "responder_cpu_ms_per_job": 1000 * (cpu_last - cpu_first) / measured,
+        "postgres_cpu_ms_per_job": 1000 * (pg_last - pg_first) / measured,
+        "transactions_per_job": xacts / max(accepted, 1),
     }
+
+
+async def backends(conn: asyncpg.Connection) -> list[int]:
+    """The server processes of the other sessions on this database (the responder's)."""
+    rows = await conn.fetch(
+        "SELECT pid FROM pg_stat_activity WHERE datname = current_database() AND pid <> pg_backend_pid()"
+    )
+    return [r["pid"] for r in rows]
+
+
+async def transactions(conn: asyncpg.Connection, *, settle: bool = False) -> int:
+    """Transactions committed and rolled back on this database, as flushed so far (a session
+    flushes its counters at least every few seconds and when it exits; this session's few
+    reads are noise). With ``settle``, first wait until the other sessions are gone, so
+    every one of theirs is counted."""
+    if settle:
+        for _ in range(300):  # 30 s at most
+            if not await backends(conn):
+                break
+            await asyncio.sleep(0.1)
+    total = await conn.fetchval(
+        "SELECT xact_commit + xact_rollback FROM pg_stat_database WHERE datname = current_database()"
+    )
+    return int(total)
 
 
 async def bare_consumer(
@@ -161,6 +211,12 @@ async def run(args: argparse.Namespace) -> dict[str, Any]:
         f"{result['bare_jobs_per_s']:.0f} msg/s (ratio {result['ratio']:.2f}), bare consumer with the "
         f"platform call {result['bare_with_send_jobs_per_s']:.0f} msg/s "
         f"(ratio {result['ratio_to_bare_with_send']:.2f})",
+        flush=True,
+    )
+    print(
+        f"  per job: responder CPU {result['responder_cpu_ms_per_job']:.2f} ms, its Postgres backends' CPU "
+        f"{result['postgres_cpu_ms_per_job']:.2f} ms, {result['transactions_per_job']:.2f} Postgres "
+        "transactions (round trips)",
         flush=True,
     )
     return result

@@ -79,7 +79,12 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     metrics.create_known_series("responder", platforms.names())
     writer = parts.closing("reply writer", AccountWriters(settings, registry, build_writer(settings)))
     responder = Responder(
-        JobStore(pool, history=settings.history_messages, caps=settings.job_caps()),
+        JobStore(
+            pool,
+            history=settings.history_messages,
+            caps=settings.job_caps(),
+            batch=settings.responder_batch_jobs,
+        ),
         platforms,
         writer,
         Alerter(
@@ -103,6 +108,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         on_give_up=responder.give_up,
         on_retry=responder.retry_scheduled,
         delivery_limit=parts.topology.queue(RESPONDER_QUEUE).delivery_limit,
+        acks_together=True,
     )
     dead = Consumer(
         consume_broker,

@@ -15,11 +15,13 @@ from __future__ import annotations
 
 import contextlib
 import uuid
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, replace
 from datetime import datetime
+from typing import TypeVar
 
 import asyncpg
+from asyncpg.pool import PoolConnectionProxy
 
 from shared import metrics
 from shared.broker.consumer import Reject
@@ -30,8 +32,13 @@ from shared.state import account as account_state
 from shared.state import job as job_state
 from shared.state.job import DeliveryStatus, lock_key
 
+from .batches import SharedConnection
 from .llm import Turn
 from .platforms.base import Attempts
+
+T = TypeVar("T")
+ItemT = TypeVar("ItemT")
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -128,27 +135,65 @@ class JobBusy(Exception):
 
 
 class JobStore:
-    def __init__(self, pool: asyncpg.Pool, *, history: int = 12, caps: JobCaps | None = None) -> None:
+    def __init__(
+        self, pool: asyncpg.Pool, *, history: int = 12, caps: JobCaps | None = None, batch: int = 8
+    ) -> None:
         self._pool = pool
         self._history = history
         self._caps = caps or JobCaps()
+        self._batch = batch
+        #: Shared connections that sessions may still join.
+        self._open: list[SharedConnection] = []
+        #: The session of this process that holds each job's lock now (or may: a claim sent).
+        self.holders: dict[uuid.UUID, PgJobSession] = {}
+        #: Statements sent on connections given back, and the jobs' calls they answered.
+        self.statements = 0
+        self.calls = 0
 
     @contextlib.asynccontextmanager
     async def exclusive(self, job_id: uuid.UUID) -> AsyncIterator[PgJobSession]:
-        """One connection for the whole handling of a job, which does all of its work (a
-        connection per job, not per statement). The claim takes the job's session
-        advisory lock on it, held across the platform call: a redelivered copy (the
-        broker's, after a lost ack) that arrives while the first handler still runs is
-        refused instead of reconciling a send that is still in progress. Recording the
-        reply releases it; otherwise it is released here. A handler that dies releases it
-        with its connection, and a connection whose unlock did not complete is closed
-        rather than pooled with the lock still held."""
-        async with self._pool.acquire() as conn:
-            session = PgJobSession(conn, job_id, self._history, self._caps)
+        """A session for the whole handling of a job, on a connection it shares with the
+        other jobs in flight (up to ``batch`` of them; services/responder/batches.py):
+        their claims, delivery intents and records go as one statement each. The claim
+        takes the job's session advisory lock on it, held across the platform call: a
+        redelivered copy (the broker's, after a lost ack) that arrives while the first
+        handler still runs is refused instead of reconciling a send that is still in
+        progress (a copy in this process is refused before Postgres is asked: on the same
+        connection the lock would be granted to it again). Recording the reply releases
+        it; otherwise it is released here. A handler that dies releases it with its
+        connection, and a connection whose unlock did not complete is closed rather than
+        pooled with the lock still held, once its other jobs are done."""
+        shared = next((c for c in self._open if c.members < self._batch and not c.broken), None)
+        if shared is None:
+            shared = SharedConnection(self._pool.acquire())
+            self._open.append(shared)
+        shared.members += 1
+        try:
+            await shared.connection()
+            session = PgJobSession(shared, job_id, self._history, self._caps, self.holders)
             try:
                 yield session
             finally:
                 await session.release()
+        finally:
+            shared.members -= 1
+            if shared.members == 0:
+                await self._close(shared)
+
+    async def _close(self, shared: SharedConnection) -> None:
+        """Back to the pool once its last session ended (closed first if it is broken)."""
+        if shared in self._open:
+            self._open.remove(shared)
+        self.statements += shared.statements
+        self.calls += shared.calls
+        try:
+            conn = await shared.connection()
+        except Exception:
+            return  # never acquired
+        if shared.broken:
+            conn.terminate()
+        assert isinstance(conn, PoolConnectionProxy)  # acquired from the pool
+        await self._pool.release(conn)
 
     async def give_up(self, job_id: uuid.UUID, kind: str, reason: str, owner: str) -> Settled:
         """``PgJobSession.give_up`` on a connection of its own (the consumer's hooks)."""
@@ -201,45 +246,77 @@ PROBE_LOCK_KEY = 0x63686174_70726F62  # "chatprob"
 
 
 class PgJobSession:
-    """The job's state changes, on the connection that holds the job. Each is one
-    statement (the functions of shared/functions/30_jobs.sql), so one round trip and one
-    transaction: a reply costs three (claim, before send, record sent)."""
+    """The job's state changes, on the connection it shares with the other jobs in flight.
+    Each is one statement (the functions of shared/functions/30_jobs.sql), so one
+    transaction: a reply costs three (claim, before send, record sent), each sent as one
+    round trip with the same step of the other jobs that take it at that moment."""
 
-    def __init__(self, conn: Conn, job_id: uuid.UUID, history: int, caps: JobCaps | None = None) -> None:
-        self._conn = conn
+    def __init__(
+        self,
+        shared: SharedConnection,
+        job_id: uuid.UUID,
+        history: int,
+        caps: JobCaps | None = None,
+        holders: dict[uuid.UUID, PgJobSession] | None = None,
+    ) -> None:
+        self._shared = shared
+        self._job_id = job_id
         self._lock_key = lock_key(job_id)
         self._history = history
         self._caps = caps or JobCaps()
+        self._holders = holders if holders is not None else {}
         # None: unknown (a claim that raised may have taken it); True: held; False: not held.
         self._locked: bool | None = False
+
+    async def _run(self, statement: Callable[[Conn], Awaitable[T]]) -> T:
+        """One statement of this job alone, in turn with the connection's other jobs."""
+        async with self._shared.alone() as conn:
+            return await statement(conn)
+
+    def _held_elsewhere(self, job_id: uuid.UUID) -> bool:
+        """Another session of this process holds the job (or may: its claim is out)."""
+        holder = self._holders.get(job_id)
+        return holder is not None and holder is not self
+
+    def _set_locked(self, locked: bool | None) -> None:
+        self._locked = locked
+        if locked is False:
+            if self._holders.get(self._job_id) is self:
+                del self._holders[self._job_id]
+        else:
+            self._holders[self._job_id] = self
 
     async def release(self) -> None:
         if self._locked is False:
             return
+        unlocked = False
         try:
-            if self._conn.is_in_transaction():
-                raise asyncpg.InterfaceError("a transaction is still open")
-            # Session locks outlive a failed statement and stack when taken twice (a give-up
-            # inside the handler): release every one this connection holds (only the job's).
-            await self._conn.execute("SELECT pg_advisory_unlock_all()")
-            self._locked = False
+            async with self._shared.alone() as conn:
+                if conn.is_in_transaction():
+                    raise asyncpg.InterfaceError("a transaction is still open")
+                # Only this job's lock: the connection's other jobs hold theirs. Session
+                # locks stack and outlive a failed statement (a give-up inside the handler
+                # that raised may have left a second hold; a claim that raised, none):
+                # every hold this connection has on it, which no other session of this
+                # process shares (JobStore.holders).
+                await conn.execute(
+                    "SELECT count(*) FROM generate_series(1, 4) WHERE pg_advisory_unlock($1)", self._lock_key
+                )
+            unlocked = True
         finally:
-            if self._locked is not False:
-                self._conn.terminate()
+            if not unlocked:
+                self._shared.broken = True  # closed, not pooled, once its other jobs are done
+            self._set_locked(False)
 
     async def claim(self, job_id: uuid.UUID, attempt: int) -> Job | Skip | Reconcile:
-        self._locked = None
-        # One composite value (chatq_claim_result), its fields and its rows read by name.
-        row = one(
-            await self._conn.fetchrow(
-                "SELECT * FROM chatq_claim_job($1, $2, $3, $4)",
-                job_id,
-                attempt,
-                self._lock_key,
-                self._history,
-            )
+        if self._held_elsewhere(job_id):
+            raise JobBusy(f"job {job_id} is being handled by another consumer")
+        self._set_locked(None)
+        # One composite value (chatq_claim_result) per job, its fields and its rows read by name.
+        row = await self._shared.together(
+            "claim", (job_id, attempt, self._lock_key, self._history), _claim_many
         )
-        self._locked = row["outcome"] != "busy"
+        self._set_locked(row["outcome"] != "busy")
         if row["outcome"] == "busy":
             raise JobBusy(f"job {job_id} is being handled by another consumer")
         if row["outcome"] == "missing":
@@ -269,15 +346,10 @@ class PgJobSession:
         none (or ``fold`` is false), record the delivery intent and return the job as it
         is: committed before the platform is called, from now on the send may have happened."""
         try:
-            rows = await self._conn.fetch(
-                "SELECT * FROM chatq_before_send($1, $2, $3, $4, $5, $6, $7) ORDER BY pos",
-                job.job_id,
-                job.chat_key,
-                text,
-                attempt,
-                fold,
-                self._caps.messages,
-                self._caps.chars,
+            rows = await self._shared.together(
+                "before_send",
+                (job.job_id, job.chat_key, text, attempt, fold, self._caps.messages, self._caps.chars),
+                _before_send_many,
             )
         except asyncpg.PostgresError as exc:
             if exc.sqlstate not in (_ACCOUNT_REMOVED, _ACCOUNT_PAUSED):
@@ -290,16 +362,10 @@ class PgJobSession:
         return replace(job, messages=tuple(_message(r) for r in rows))
 
     async def record_sent(self, job: Job, text: str, platform_message_id: str) -> datetime:
-        row = one(
-            await self._conn.fetchrow(
-                "SELECT * FROM chatq_record_sent($1, $2, $3, $4)",
-                job.job_id,
-                text,
-                platform_message_id,
-                self._lock_key,
-            )
+        row = await self._shared.together(
+            "record_sent", (job.job_id, text, platform_message_id, self._lock_key), _record_sent_many
         )
-        self._locked = False
+        self._set_locked(False)
         sent_at: datetime = row["sent_at"]
         for received_at in row["received_ats"]:
             metrics.RECEIPT_TO_REPLY.observe(max((sent_at - received_at).total_seconds(), 0.0))
@@ -310,8 +376,9 @@ class PgJobSession:
         """The platform ids of the chat's replies (and their parts) already recorded,
         newest first: an identical reply of an earlier job must never be taken for this
         job's."""
-        rows = await self._conn.fetch(
-            """
+        rows = await self._run(
+            lambda conn: conn.fetch(
+                """
             SELECT r.platform_message_id AS id FROM reply_jobs r
             WHERE r.chat_key = $1 AND r.status = 'sent' AND r.platform_message_id IS NOT NULL AND r.id <> $2
             UNION
@@ -319,26 +386,29 @@ class PgJobSession:
             WHERE r.chat_key = $1 AND p.status = 'sent' AND r.id <> $2
             LIMIT $3
             """,
-            job.chat_key,
-            job.job_id,
-            limit,
+                job.chat_key,
+                job.job_id,
+                limit,
+            )
         )
         return [r["id"] for r in rows]
 
     async def part_intent(self, job_id: uuid.UUID, number: int, text: str) -> None:
         """Before part ``number`` of a long reply is sent: committed first, like a reply's
         intent (a part already sent is never sent again)."""
-        await self._conn.execute(
-            """
+        await self._run(
+            lambda conn: conn.execute(
+                """
             INSERT INTO delivery_parts (job_id, part, text, status, started_at) VALUES ($1, $2, $3, 'sending', now())
             ON CONFLICT (job_id, part) DO UPDATE
             SET status = 'sending', text = EXCLUDED.text, started_at = now(), finished_at = NULL,
                 platform_message_id = NULL
             WHERE delivery_parts.status = ANY(chatq_delivery_part_sources('sending'))
             """,
-            job_id,
-            number,
-            text,
+                job_id,
+                number,
+                text,
+            )
         )
 
     async def part_done(
@@ -346,8 +416,9 @@ class PgJobSession:
     ) -> None:
         """Part ``number``'s outcome. Once a part is on the platform the job's reply is partly
         sent (maybe_sent): every later attempt resumes it, never writes a new one."""
-        await self._conn.execute(
-            """
+        await self._run(
+            lambda conn: conn.execute(
+                """
             WITH part AS (
                 UPDATE delivery_parts SET status = $3, platform_message_id = $4, finished_at = now()
                 WHERE job_id = $1 AND part = $2 AND status = ANY(chatq_delivery_part_sources($3))
@@ -361,17 +432,20 @@ class PgJobSession:
                              || $4 || ')', $1)
             FROM reply_jobs r WHERE r.id = $1 AND EXISTS (SELECT 1 FROM part WHERE part.status = 'sent')
             """,
-            job_id,
-            number,
-            status.value,
-            message_id,
+                job_id,
+                number,
+                status.value,
+                message_id,
+            )
         )
 
     async def delivery_parts(self, job_id: uuid.UUID) -> dict[int, Part]:
         """The parts of the job's reply recorded so far (a reply of one part has none)."""
-        rows = await self._conn.fetch(
-            "SELECT part, text, status, platform_message_id, started_at FROM delivery_parts WHERE job_id = $1",
-            job_id,
+        rows = await self._run(
+            lambda conn: conn.fetch(
+                "SELECT part, text, status, platform_message_id, started_at FROM delivery_parts WHERE job_id = $1",
+                job_id,
+            )
         )
         return {
             r["part"]: Part(r["text"], DeliveryStatus(r["status"]), r["platform_message_id"], r["started_at"])
@@ -381,52 +455,61 @@ class PgJobSession:
     async def unknown_rivals(self, job: Job) -> list[Attempts]:
         """The chat's other jobs a person must look at because their reply may be in the
         chat unrecorded: a reply that could be theirs is not taken for this job's."""
-        rows = await self._conn.fetch(
-            """
+        rows = await self._run(
+            lambda conn: conn.fetch(
+                """
             SELECT d.text, coalesce(d.maybe_since, d.started_at) AS since, d.started_at AS latest
             FROM reply_jobs r JOIN deliveries d ON d.job_id = r.id
             WHERE r.chat_key = $1 AND r.status = 'needs_review' AND r.id <> $2
             """,
-            job.chat_key,
-            job.job_id,
+                job.chat_key,
+                job.job_id,
+            )
         )
         return [Attempts(r["text"], r["since"], r["latest"]) for r in rows]
 
     async def record_delivery(self, job_id: uuid.UUID, status: DeliveryStatus, error: str) -> None:
         """The attempt's outcome when no reply was recorded: not sent, or unknown."""
-        await self._conn.execute(
-            """
+        await self._run(
+            lambda conn: conn.execute(
+                """
             UPDATE deliveries SET status = $2, error = $3, finished_at = now()
             WHERE job_id = $1 AND status = ANY(chatq_delivery_sources($2))
             """,
-            job_id,
-            status.value,
-            error[:500],
+                job_id,
+                status.value,
+                error[:500],
+            )
         )
 
     async def record_retry(self, job_id: uuid.UUID, kind: str, reason: str) -> None:
         """Back to pending until the retry tier hands it back; the chat stays blocked. The
         attempt's outcome goes on the record of each of the job's messages (a wait for a
         paused account is not an attempt, and is not recorded again and again)."""
-        await job_state.back_to_pending(self._conn, job_id, kind, reason)
+        await self._run(lambda conn: job_state.back_to_pending(conn, job_id, kind, reason))
 
     async def give_up(self, job_id: uuid.UUID, kind: str, reason: str, owner: str) -> Settled:
         """Stop trying (see chatq_give_up): needs_review when the last send may have
         reached the chat, failed otherwise; nothing when another session holds the job or
         it is final already."""
-        held, self._locked = self._locked, None
-        row = await self._conn.fetchrow(
-            "SELECT * FROM chatq_give_up($1, $2, $3, $4, $5)",
-            job_id,
-            kind,
-            reason[:500],
-            owner,
-            self._lock_key,
-        )
+        if self._held_elsewhere(job_id):
+            # On this connection Postgres would grant the lock again: ask nobody.
+            return Settled(job_id, "busy", "", [])
+        held = self._locked
+        self._set_locked(None)
+        async with self._shared.alone() as conn:
+            row = await conn.fetchrow(
+                "SELECT * FROM chatq_give_up($1, $2, $3, $4, $5)",
+                job_id,
+                kind,
+                reason[:500],
+                owner,
+                self._lock_key,
+            )
         assert row is not None
         # The function takes the lock (a second time when this session holds it) and
         # releases what it took.
-        self._locked = held
+        self._set_locked(held)
         settled = Settled(job_id, row["outcome"], row["chat_key"] or "", list(row["operation_ids"] or ()))
         if settled.outcome in ("failed", "needs_review"):
             metrics.OPERATIONS.labels(outcome=settled.outcome).inc(len(settled.operation_ids))
@@ -435,3 +518,122 @@ class PgJobSession:
 
 def _message(r: asyncpg.Record) -> Message:
     return Message(r["operation_id"], r["message_id"], r["text"], r["sent_at"], r["received_at"])
+
+
+# ---- one statement for the jobs that take the same step together (batches.py) ----------
+
+#: Errors of a whole batch that say nothing about its jobs: the connection or the server.
+_INFRASTRUCTURE_SQLSTATE_CLASSES = ("08", "53", "57")
+
+
+def _whole_batch_failed(exc: Exception) -> bool:
+    """Whether a batch's error is the connection's (every job gets it) rather than
+    possibly one job's (then each job is tried alone, so a poison job fails alone)."""
+    if isinstance(exc, asyncpg.PostgresError):
+        return (getattr(exc, "sqlstate", None) or "")[:2] in _INFRASTRUCTURE_SQLSTATE_CLASSES
+    return True
+
+
+async def _each_alone(
+    items: Sequence[ItemT], one_job: Callable[[ItemT], Awaitable[R]]
+) -> list[R | Exception]:
+    results: list[R | Exception] = []
+    for item in items:
+        try:
+            results.append(await one_job(item))
+        except Exception as exc:
+            results.append(exc)
+    return results
+
+
+_CLAIM_MANY = """
+SELECT t.i, c.*
+FROM unnest($1::uuid[], $2::integer[], $3::bigint[]) WITH ORDINALITY AS t(job, attempt, lock_key, i)
+CROSS JOIN LATERAL chatq_claim_job(t.job, t.attempt, t.lock_key, $4) AS c
+ORDER BY t.i
+"""
+
+
+async def _claim_many(
+    conn: Conn, items: Sequence[tuple[uuid.UUID, int, int, int]]
+) -> Sequence[asyncpg.Record | Exception]:
+    """chatq_claim_job for each job, in one statement. If it fails for a reason that may be
+    one job's, the locks it took are given back (they outlive the rollback) and each job
+    is claimed alone."""
+    history = items[0][3]
+    try:
+        rows = await conn.fetch(
+            _CLAIM_MANY, [i[0] for i in items], [i[1] for i in items], [i[2] for i in items], history
+        )
+        return list(rows)
+    except Exception as exc:
+        if len(items) == 1 or _whole_batch_failed(exc):
+            raise
+    # No job of the batch was held by this connection before (JobStore.holders).
+    await conn.execute("SELECT pg_advisory_unlock(k) FROM unnest($1::bigint[]) AS k", [i[2] for i in items])
+    return await _each_alone(
+        items, lambda i: _fetch_one(conn, "SELECT * FROM chatq_claim_job($1, $2, $3, $4)", *i)
+    )
+
+
+_BEFORE_SEND_MANY = """
+SELECT t.i, b.*
+FROM (
+    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::integer[], $5::boolean[])
+        WITH ORDINALITY AS u(job, chat_key, body, attempt, fold, i)
+    -- The chats' locks in one order for every taker, so two batches never wait on each other.
+    ORDER BY hashtextextended(u.chat_key, 0)
+) t
+CROSS JOIN LATERAL chatq_before_send(t.job, t.chat_key, t.body, t.attempt, t.fold, $6, $7) AS b
+ORDER BY t.i, b.pos
+"""
+
+
+async def _before_send_many(
+    conn: Conn, items: Sequence[tuple[uuid.UUID, str, str, int, bool, int, int]]
+) -> Sequence[list[asyncpg.Record] | Exception]:
+    """chatq_before_send for each job, in one statement: each job's rows, in order."""
+    try:
+        rows = await conn.fetch(
+            _BEFORE_SEND_MANY,
+            *([i[n] for i in items] for n in range(5)),
+            items[0][5],
+            items[0][6],
+        )
+    except Exception as exc:
+        if len(items) == 1 or _whole_batch_failed(exc):
+            raise
+        return await _each_alone(
+            items,
+            lambda i: conn.fetch(
+                "SELECT * FROM chatq_before_send($1, $2, $3, $4, $5, $6, $7) ORDER BY pos", *i
+            ),
+        )
+    by_job: list[list[asyncpg.Record]] = [[] for _ in items]
+    for row in rows:
+        by_job[row["i"] - 1].append(row)
+    return list(by_job)
+
+
+async def _record_sent_many(
+    conn: Conn, items: Sequence[tuple[uuid.UUID, str, str, int]]
+) -> Sequence[asyncpg.Record | Exception]:
+    """chatq_record_sent for each job, in one statement that releases the jobs' locks
+    only once every record is in (chatq_record_sent_many); if it fails, each job is
+    recorded alone."""
+    try:
+        rows = await conn.fetch(
+            "SELECT * FROM chatq_record_sent_many($1, $2, $3, $4) ORDER BY i",
+            *([i[n] for i in items] for n in range(4)),
+        )
+    except Exception as exc:
+        if len(items) == 1 or _whole_batch_failed(exc):
+            raise
+        return await _each_alone(
+            items, lambda i: _fetch_one(conn, "SELECT * FROM chatq_record_sent($1, $2, $3, $4)", *i)
+        )
+    return list(rows)
+
+
+async def _fetch_one(conn: Conn, query: str, *args: object) -> asyncpg.Record:
+    return one(await conn.fetchrow(query, *args))

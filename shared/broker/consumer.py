@@ -5,7 +5,12 @@ in one step per outcome:
 =====================================  ==============================================
 handler outcome                         what happens to the message
 =====================================  ==============================================
-returns                                 ack
+returns                                 ack (with ``acks_together``, the acks due in
+                                        one turn of the event loop go together: one
+                                        ``multiple`` ack for the channel's oldest
+                                        outstanding deliveries when all of them are
+                                        to be acked, never past one still being
+                                        handled or settled otherwise)
 raises ``Reject``                       ``on_give_up``, then nack without requeue: the
                                         queue's DLX moves it to ``chatq.*.dead``
 raises ``RetryLater``                   a confirmed publish to the retry tier for the
@@ -48,7 +53,7 @@ import contextlib
 import enum
 import logging
 import time
-from collections.abc import Awaitable, Callable, Mapping, Sequence
+from collections.abc import Awaitable, Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass
 
 import aiormq
@@ -161,6 +166,15 @@ SettleStep = Callable[[AbstractIncomingMessage, Exception | None], Awaitable[Non
 _CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
 
 
+#: A delivery whose ack, nack or reject is being sent.
+_SETTLING = object()
+
+
+def _channel_of(message: AbstractIncomingMessage) -> object:
+    """The channel a delivery came on: its delivery tag is numbered there."""
+    return getattr(message, "channel", None)
+
+
 class _Backoff:
     """Doubling waits, from ``first`` up to ``most`` seconds."""
 
@@ -189,6 +203,7 @@ class Consumer:
         requeue_pause: float = 1.0,
         max_backoff: float = 5.0,
         batching: Batching | None = None,
+        acks_together: bool = False,
     ) -> None:
         self._broker = broker
         self._queue = queue
@@ -203,6 +218,8 @@ class Consumer:
         self._stopping = asyncio.Event()
         self._in_flight: dict[asyncio.Task[None], float] = {}
         self._batching = batching
+        #: Acks of single deliveries go together where order allows (``_ack``).
+        self._acks_together = acks_together
         #: Deliveries waiting for the next batch, with when each arrived.
         self._gathered: list[tuple[AbstractIncomingMessage, float]] = []
         self._gather_timer: asyncio.TimerHandle | None = None
@@ -210,6 +227,16 @@ class Consumer:
         self._channel: AbstractChannel | None = None
         self._consumer_tag: str | None = None
         self.consuming = False
+        #: Deliveries not yet settled, per channel in delivery order: the message, and the
+        #: future its ack waits on once it is to be acked (see ``_ack``).
+        self._unsettled: dict[
+            object, dict[int, tuple[AbstractIncomingMessage, asyncio.Future[None] | object | None]]
+        ] = {}
+        self._acks_due = False
+        self._flushes: set[asyncio.Task[None]] = set()
+        #: Acks sent and the messages they settled (what ``multiple`` achieves).
+        self.acks_sent = 0
+        self.messages_acked = 0
         #: One settle step per outcome, each taking the message and the handler's error.
         self._settle_steps: dict[Outcome, SettleStep] = {
             Outcome.ACK: self._settle_ack,
@@ -293,6 +320,8 @@ class Consumer:
         if self._batching is not None:
             self._gather(message)
             return
+        if self._acks_together and message.delivery_tag is not None:
+            self._unsettled.setdefault(_channel_of(message), {})[message.delivery_tag] = (message, None)
         task = asyncio.create_task(self.handle_delivery(message))
         self._in_flight[task] = time.monotonic()
         task.add_done_callback(self._settled)
@@ -491,16 +520,86 @@ class Consumer:
     # ---- the primitives the settle steps share --------------------------------------
 
     async def _ack(self, message: AbstractIncomingMessage) -> None:
+        """Ack, together with the other acks due in this turn of the event loop: the
+        oldest deliveries of the channel still outstanding, when they are all to be
+        acked, go as one ack with ``multiple`` (it settles every outstanding delivery up
+        to its tag, so never past one still being handled or settled otherwise); the
+        others one by one, at once."""
+        pending = self._unsettled.get(_channel_of(message), {})
+        tag = getattr(message, "delivery_tag", None)
+        if tag not in pending:  # not delivered through this consumer's channel
+            await self._send_ack(message, multiple=False, count=1)
+            return
+        done = asyncio.get_running_loop().create_future()
+        pending[tag] = (message, done)
+        if not self._acks_due:
+            self._acks_due = True
+            asyncio.get_running_loop().call_soon(self._start_flush)
+        await done
+
+    def _start_flush(self) -> None:
+        task = asyncio.ensure_future(self._flush_acks())
+        self._flushes.add(task)  # held until done: the loop keeps only a weak reference
+        task.add_done_callback(self._flushes.discard)
+
+    async def _flush_acks(self) -> None:
+        self._acks_due = False
+        for channel, pending in list(self._unsettled.items()):
+            tags = list(pending)
+            n = 0
+            while n < len(tags) and isinstance(pending[tags[n]][1], asyncio.Future):
+                n += 1
+            due = tags[:n] + [t for t in tags[n:] if isinstance(pending[t][1], asyncio.Future)]
+            entries = [pending[t] for t in due]
+            for tag in due:  # still outstanding until sent: no other ack reaches past them
+                pending[tag] = (pending[tag][0], _SETTLING)
+            try:
+                if n:
+                    await self._send_ack(entries[n - 1][0], multiple=n > 1, count=n)
+                for message, _ in entries[n:]:
+                    await self._send_ack(message, multiple=False, count=1)
+            finally:
+                for tag in due:
+                    pending.pop(tag, None)
+                if not pending and self._unsettled.get(channel) is pending:
+                    del self._unsettled[channel]
+                for _, done in entries:
+                    if isinstance(done, asyncio.Future) and not done.done():
+                        done.set_result(None)
+
+    async def _send_ack(self, message: AbstractIncomingMessage, *, multiple: bool, count: int) -> None:
         try:
-            await message.ack()
+            if multiple:
+                await message.ack(multiple=True)
+            else:
+                await message.ack()
         except _CHANNEL_GONE as exc:
             logger.warning("could not ack %s on %s: %s", message.message_id, self._queue, exc)
             return
-        ACK_MESSAGES.labels(queue=self._queue).observe(1)
+        self.acks_sent += 1
+        self.messages_acked += count
+        ACK_MESSAGES.labels(queue=self._queue).observe(count)
+
+    @contextlib.contextmanager
+    def _settling(self, message: AbstractIncomingMessage) -> Iterator[None]:
+        """A delivery settled otherwise than by an ack (requeued, dead-lettered): no
+        ``multiple`` ack reaches past it until that is sent."""
+        channel, tag = _channel_of(message), getattr(message, "delivery_tag", None)
+        pending = self._unsettled.get(channel)
+        if pending is not None and tag in pending:
+            pending[tag] = (message, _SETTLING)
+        try:
+            yield
+        finally:
+            if pending is not None:
+                pending.pop(tag, None)  # type: ignore[arg-type]
+                if not pending and self._unsettled.get(channel) is pending:
+                    del self._unsettled[channel]
 
     async def _nack_requeue(self, message: AbstractIncomingMessage) -> None:
         try:
-            await message.nack(requeue=True)
+            with self._settling(message):
+                await message.nack(requeue=True)
         except _CHANNEL_GONE as exc:
             logger.warning("could not requeue %s on %s: %s", message.message_id, self._queue, exc)
 
@@ -566,7 +665,8 @@ class Consumer:
             extra={"message_id": message.message_id, "queue": self._queue},
         )
         try:
-            await message.reject(requeue=False)
+            with self._settling(message):
+                await message.reject(requeue=False)
         except _CHANNEL_GONE as exc:
             logger.warning("could not dead-letter %s on %s: %s", message.message_id, self._queue, exc)
 

@@ -408,6 +408,27 @@ BEGIN
 END
 $$;
 
+-- chatq_record_sent for the jobs of one responder connection whose replies went out
+-- together: one round trip and one transaction. The jobs' session locks (p_lock_keys) are
+-- released only once every record is in, so a batch that fails leaves each job held and
+-- unrecorded, as it was (the caller records them one by one then). Row i is job i's.
+CREATE OR REPLACE FUNCTION chatq_record_sent_many(
+    p_jobs uuid[], p_texts text[], p_platform_message_ids text[], p_lock_keys bigint[]
+)
+RETURNS TABLE (i integer, sent_at timestamptz, received_ats timestamptz[])
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    n integer;
+BEGIN
+    FOR n IN 1 .. coalesce(cardinality(p_jobs), 0) LOOP
+        RETURN QUERY SELECT n, r.sent_at, r.received_ats
+                     FROM chatq_record_sent(p_jobs[n], p_texts[n], p_platform_message_ids[n], NULL) r;
+    END LOOP;
+    PERFORM pg_advisory_unlock(k) FROM unnest(p_lock_keys) AS k;
+END
+$$;
+
 -- Give up on a job that did not send: under the job's lock, and only while it is in
 -- flight. When any send of it may have reached the platform (delivery 'sending' or
 -- 'unknown' now, or maybe_sent from an earlier attempt) the job and its messages go to a person (needs_review) and keep their claim

@@ -4,6 +4,7 @@ situation is exact (answered already, late, held by another job, interrupted sen
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -20,49 +21,54 @@ CHAT = "telegram:bot:77"
 
 
 async def operation(
-    pool: asyncpg.Pool, message_id: str, *, at: datetime, status: str = "waiting"
+    pool: asyncpg.Pool, message_id: str, *, at: datetime, status: str = "waiting", chat: str = "77"
 ) -> uuid.UUID:
     op = uuid.uuid4()
     await pool.execute(
         """
         INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id, text, sent_at,
                                 status, received_at, payload)
-        VALUES ($1, 'telegram', 'bot', $2, '77', $2, $3, $4::timestamptz, $5, $4::timestamptz + interval '1 second', '{}')
+        VALUES ($1, 'telegram', 'bot', $2, $6, $2, $3, $4::timestamptz, $5, $4::timestamptz + interval '1 second', '{}')
         """,
         op,
         message_id,
         f"message {message_id}",
         at,
         status,
+        chat,
     )
     return op
 
 
-async def job(pool: asyncpg.Pool, ops: list[uuid.UUID], *, status: str = "pending") -> uuid.UUID:
+async def job(
+    pool: asyncpg.Pool, ops: list[uuid.UUID], *, status: str = "pending", chat: str = "77"
+) -> uuid.UUID:
     window, job_id = uuid.uuid4(), uuid.uuid4()
     await pool.execute(
         """
         INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
                                   deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
-        VALUES ($1, $2, 'telegram', 'bot', '77', 'closed', $3, $3, $3, $3, 0, 1, $3, $4)
+        VALUES ($1, $2, 'telegram', 'bot', $5, 'closed', $3, $3, $3, $3, 0, 1, $3, $4)
         """,
         window,
-        CHAT,
+        f"telegram:bot:{chat}",
         T0,
         job_id,
+        chat,
     )
     await pool.execute(
         """
         INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status, operation_ids,
                                 reply_text, sent_at)
-        VALUES ($1, $2, $3, 'telegram', 'bot', '77', $4::text, $5,
+        VALUES ($1, $2, $3, 'telegram', 'bot', $6, $4::text, $5,
                 CASE WHEN $4 = 'sent' THEN 'an earlier reply' END, CASE WHEN $4 = 'sent' THEN now() END)
         """,
         job_id,
         window,
-        CHAT,
+        f"telegram:bot:{chat}",
         status,
         ops,
+        chat,
     )
     await pool.execute("UPDATE operations SET job_id = $1 WHERE id = ANY($2::uuid[])", job_id, ops)
     return job_id
@@ -371,3 +377,109 @@ async def test_the_previous_releases_claim_still_answers_with_its_parallel_array
     assert row["texts"] == ["message 9", "message 11"]
     assert row["sent_ats"] == [T0, T0 + timedelta(seconds=5)]
     assert row["delivery_status"] is None and row["history_roles"] == []
+
+
+async def reply(store: JobStore, job_id: uuid.UUID, text: str) -> None:
+    """One job's handling: claim, before send, record sent."""
+    async with store.exclusive(job_id) as db:
+        claimed = await db.claim(job_id, 1)
+        assert isinstance(claimed, Job)
+        await db.before_send(claimed, text, 1)
+        await db.record_sent(claimed, text, f"m-{job_id}")
+
+
+async def test_jobs_in_flight_together_take_each_step_in_one_statement_on_one_connection(pool):
+    jobs = [
+        await job(pool, [await operation(pool, str(n), at=T0, chat=str(n))], chat=str(n)) for n in range(3)
+    ]
+    store = JobStore(pool, batch=8)
+    await asyncio.gather(*(reply(store, j, f"reply {n}") for n, j in enumerate(jobs)))
+    rows = await pool.fetch("SELECT status, reply_text FROM reply_jobs WHERE id = ANY($1::uuid[])", jobs)
+    assert sorted((r["status"], r["reply_text"]) for r in rows) == [
+        ("sent", "reply 0"),
+        ("sent", "reply 1"),
+        ("sent", "reply 2"),
+    ]
+    # Three steps for three jobs: nine calls in three statements (claim, before send, record).
+    assert (store.calls, store.statements) == (9, 3)
+    assert store.holders == {}
+
+
+async def test_with_batches_of_one_each_job_takes_its_own_statements(pool):
+    jobs = [
+        await job(pool, [await operation(pool, str(n), at=T0, chat=str(n))], chat=str(n)) for n in range(2)
+    ]
+    store = JobStore(pool, batch=1)
+    await asyncio.gather(*(reply(store, j, "a reply") for j in jobs))
+    assert (store.calls, store.statements) == (6, 6)
+
+
+async def test_a_job_whose_record_fails_fails_alone_and_the_others_of_its_statement_are_recorded(pool):
+    good, bad = [
+        await job(pool, [await operation(pool, str(n), at=T0, chat=str(n))], chat=str(n)) for n in range(2)
+    ]
+    store = JobStore(pool, batch=8)
+    ready = asyncio.Event()
+    sessions_ready = 0
+
+    async def handle(job_id: uuid.UUID) -> str:
+        nonlocal sessions_ready
+        async with store.exclusive(job_id) as db:
+            claimed = await db.claim(job_id, 1)
+            assert isinstance(claimed, Job)
+            await db.before_send(claimed, "a reply", 1)
+            sessions_ready += 1
+            if sessions_ready == 2:
+                # Settled meanwhile from elsewhere: it is no longer in flight.
+                await pool.execute("UPDATE reply_jobs SET status = 'superseded' WHERE id = $1", bad)
+                ready.set()
+            await asyncio.wait_for(ready.wait(), timeout=10)
+            try:
+                await db.record_sent(claimed, "a reply", f"m-{job_id}")
+            except asyncpg.CheckViolationError:
+                return "refused"
+            return "recorded"
+
+    outcomes = await asyncio.gather(handle(good), handle(bad))
+    assert outcomes == ["recorded", "refused"]
+    assert await pool.fetchval("SELECT status FROM reply_jobs WHERE id = $1", good) == "sent"
+    # Neither job's lock outlived its session: another connection takes both at once.
+    async with JobStore(pool).exclusive(bad) as other:
+        assert await other.claim(bad, 2) == Skip("job already superseded")
+    async with JobStore(pool).exclusive(good) as other:
+        assert await other.claim(good, 2) == Skip("job already sent")
+
+
+async def test_a_job_whose_claim_fails_fails_alone_and_its_lock_is_given_back(pool):
+    good, bad = [
+        await job(pool, [await operation(pool, str(n), at=T0, chat=str(n))], chat=str(n)) for n in range(2)
+    ]
+    # A poison job: any change to its row fails (as a bug or a bad row would).
+    await pool.execute(
+        f"""
+        CREATE FUNCTION test_poison() RETURNS trigger LANGUAGE plpgsql AS $$
+        BEGIN
+            IF NEW.id = '{bad}' THEN RAISE EXCEPTION 'poison job'; END IF;
+            RETURN NEW;
+        END $$;
+        CREATE TRIGGER test_poison BEFORE UPDATE ON reply_jobs FOR EACH ROW EXECUTE FUNCTION test_poison();
+        """
+    )
+    store = JobStore(pool, batch=8)
+
+    async def claim_one(job_id: uuid.UUID) -> object:
+        async with store.exclusive(job_id) as db:
+            try:
+                return await db.claim(job_id, 1)
+            except asyncpg.RaiseError as exc:
+                return str(exc)
+
+    try:
+        claimed, failed = await asyncio.gather(claim_one(good), claim_one(bad))
+    finally:
+        await pool.execute("DROP TRIGGER test_poison ON reply_jobs; DROP FUNCTION test_poison()")
+    assert isinstance(claimed, Job) and claimed.job_id == good
+    assert failed == "poison job"
+    assert await pool.fetchval("SELECT status FROM reply_jobs WHERE id = $1", bad) == "pending"
+    async with JobStore(pool).exclusive(bad) as other:  # its lock did not stay with the connection
+        assert isinstance(await other.claim(bad, 2), Job)

@@ -61,7 +61,12 @@ class Hooks:
 
 
 def consumer(
-    handler: Any, hooks: Hooks, *, publisher: Publisher | None = None, delivery_limit: int | None = None
+    handler: Any,
+    hooks: Hooks,
+    *,
+    publisher: Publisher | None = None,
+    delivery_limit: int | None = None,
+    acks_together: bool = False,
 ) -> Consumer:
     retry = RetryTiers(publisher, (1, 10), max_attempts=3) if publisher is not None else None  # type: ignore[arg-type]
     return Consumer(
@@ -74,6 +79,7 @@ def consumer(
         on_retry=hooks.retried,
         delivery_limit=delivery_limit,
         requeue_pause=0,
+        acks_together=acks_together,
     )
 
 
@@ -159,3 +165,96 @@ async def test_an_unexpected_error_on_the_last_delivery_the_queue_allows_is_give
     await c.handle_delivery(message)  # type: ignore[arg-type]
     assert hooks.calls == [("give_up", "exhausted", "failed on each of 6 deliveries: ValueError: bug")]
     assert message.settled == ["dead-letter"]
+
+
+class Channel:
+    """Stands for a consumer's channel: records each settlement with its delivery tag, as the
+    broker sees it (``multiple`` settles every outstanding tag up to this one)."""
+
+    def __init__(self) -> None:
+        self.frames: list[tuple[str, int, bool]] = []
+
+
+class Tagged(Delivery):
+    def __init__(self, channel: Channel, tag: int) -> None:
+        super().__init__()
+        self.message_id = f"m-{tag}"
+        self.channel = channel
+        self.delivery_tag = tag
+
+    async def ack(self, multiple: bool = False) -> None:
+        self.channel.frames.append(("ack", self.delivery_tag, multiple))
+
+    async def reject(self, requeue: bool = False) -> None:
+        self.channel.frames.append(("dead-letter", self.delivery_tag, False))
+
+
+async def deliver(c: Consumer, messages: list[Tagged]) -> None:
+    for m in messages:
+        await c._on_message(m)  # type: ignore[arg-type]  # as the channel calls it
+
+
+async def until(condition: Any, *, within: float = 2.0) -> None:
+    """Wait for ``condition()`` to hold, at most ``within`` seconds."""
+    for _ in range(int(within / 0.001)):
+        if condition():
+            return
+        await asyncio.sleep(0.001)
+    assert condition()
+
+
+async def settled(c: Consumer) -> None:
+    await until(lambda: c.oldest_unsettled_seconds() == 0)
+
+
+async def test_messages_handled_in_the_same_turn_are_acked_with_one_multiple_ack() -> None:
+    channel = Channel()
+    c = consumer(raising(None, None, None), Hooks(), acks_together=True)
+    await deliver(c, [Tagged(channel, t) for t in (1, 2, 3)])
+    await settled(c)
+    assert channel.frames == [("ack", 3, True)]
+    assert (c.acks_sent, c.messages_acked) == (1, 3)
+
+
+async def test_an_ack_never_reaches_past_a_message_still_being_handled() -> None:
+    channel, slow = Channel(), asyncio.Event()
+
+    async def handler(message: Any) -> None:
+        if message.delivery_tag == 1:
+            await slow.wait()
+
+    c = consumer(handler, Hooks(), acks_together=True)
+    await deliver(c, [Tagged(channel, t) for t in (1, 2, 3)])
+    await until(lambda: len(channel.frames) >= 2)
+    assert channel.frames == [("ack", 2, False), ("ack", 3, False)]  # 1 is still being handled
+    slow.set()
+    await settled(c)
+    assert channel.frames[2:] == [("ack", 1, False)]
+
+
+async def test_a_dead_lettered_message_among_acked_ones_is_settled_on_its_own() -> None:
+    channel = Channel()
+    c = consumer(raising(None, Reject("poison"), None), Hooks(), acks_together=True)
+    await deliver(c, [Tagged(channel, t) for t in (1, 2, 3)])
+    await settled(c)
+    assert ("dead-letter", 2, False) in channel.frames
+    acked = {
+        t
+        for kind, tag, multiple in channel.frames
+        if kind == "ack"
+        for t in (range(1, tag + 1) if multiple else [tag])
+    }
+    # Every other message acked, and no ack with multiple covers the dead-lettered one before its reject.
+    assert {1, 3} <= acked
+    reject_at = channel.frames.index(("dead-letter", 2, False))
+    assert not any(
+        kind == "ack" and multiple and tag >= 2 for kind, tag, multiple in channel.frames[:reject_at]
+    )
+
+
+async def test_without_acks_together_each_delivery_is_acked_alone() -> None:
+    channel = Channel()
+    c = consumer(raising(None, None), Hooks())
+    await deliver(c, [Tagged(channel, t) for t in (1, 2)])
+    await settled(c)
+    assert sorted(channel.frames) == [("ack", 1, False), ("ack", 2, False)]
