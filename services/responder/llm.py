@@ -262,7 +262,7 @@ def account_facts_path(facts_dir: str | None, name: str) -> Path:
     name or a link in the folder says."""
     if facts_dir is None:
         raise ValueError(f"facts_file {name!r} names a file in CHATQ_FACTS_DIR, which is not set")
-    if not re.match(FACTS_FILE_NAME, name):
+    if not re.fullmatch(FACTS_FILE_NAME, name):  # match's "$" would let a trailing newline by
         raise ValueError(f"facts_file {name!r} is not a plain file name in CHATQ_FACTS_DIR")
     folder = Path(facts_dir).resolve()
     path = (folder / name).resolve()

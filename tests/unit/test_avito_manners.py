@@ -206,7 +206,7 @@ def test_an_accounts_facts_file_is_read_only_from_the_facts_folder(tmp_path: Pat
     (tmp_path / "secret.key").write_text("k")
     (folder / "leak.txt").symlink_to(tmp_path / "secret.key")
     assert account_facts_path(str(folder), "shop.txt") == (folder / "shop.txt").resolve()
-    for name in ("../secret.key", "/etc/passwd", ".env", "a/b", "leak.txt"):
+    for name in ("../secret.key", "/etc/passwd", ".env", "a/b", "leak.txt", "shop.txt\n"):
         with pytest.raises(ValueError, match="CHATQ_FACTS_DIR"):
             account_facts_path(str(folder), name)
     with pytest.raises(ValueError, match="not set"):
