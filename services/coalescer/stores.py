@@ -164,64 +164,85 @@ SELECT chatq_file_messages($1::uuid[], $2::boolean[], $3::text[], $4::text[], $5
 # instead of queueing ahead of every other account's jobs. Each account's earliest due
 # windows fill its free places.
 #
-# Written so that no plan can turn quadratic: a generic plan made while the tables were
-# small (a fresh database, statistics not yet analyzed) once joined every due window to a
-# per-account count re-derived from every due window, and with 8,500 windows due a round
-# took 4-5 s of Postgres CPU (bench.pipeline fell from 112 to 2 msg/s once batch filing
-# let windows fall due faster than they were emitted). Now: no join between the due set
-# and anything derived from it, one index probe per row that can still go.
+# A round costs what it emits, not what waits (migration 0025): the accounts with a ready
+# window are found by a skip scan of chat_windows_ready_account (one probe each), and each
+# account's earliest due windows are read only up to its free places (its share less its
+# jobs in flight, one probe of reply_jobs_account_in_flight). It used to number every due
+# window by account in a window function: with 5,000 due windows waiting behind one
+# account's share, 4-8 ms of Postgres a round to emit 16. Every step is an index probe per
+# row, so no plan, generic or made on stale statistics, can turn it into a scan of the due
+# set (once a join of the due set with a count derived from it took 4-5 s a round). The
+# due time is read once ((SELECT clock_timestamp()), an init plan) so that it bounds the
+# index scans instead of filtering them. The rows are locked one by one, by key, in the
+# order they go, and no more than go (LIMIT over a nested loop stops pulling): a window
+# another replica holds is skipped and the next placed one takes its place. The lock takes
+# the key alone (OFFSET 0 keeps the state checks out of it), so no partial index of open
+# windows can be scanned for it, and the checks read the row as locked, its latest version.
 _CLAIM_DUE = """
-WITH ranked AS MATERIALIZED (
-    -- Each account's due windows in order; past its share none can go this round.
-    SELECT x.id, x.platform, x.account_id, x.due_at, x.place FROM (
-        SELECT w.id, w.platform, w.account_id, w.due_at,
-               row_number() OVER (PARTITION BY w.platform, w.account_id ORDER BY w.due_at) AS place
-        FROM chat_windows w
-        WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
-    ) x
-    WHERE $2 = 0 OR x.place <= $2
+WITH RECURSIVE accounts AS (
+    (SELECT w.platform, w.account_id FROM chat_windows w
+     WHERE w.status = 'open' AND NOT w.blocked
+     ORDER BY w.platform, w.account_id LIMIT 1)
+    UNION ALL
+    SELECT n.platform, n.account_id FROM accounts a CROSS JOIN LATERAL (
+        SELECT w.platform, w.account_id FROM chat_windows w
+        WHERE w.status = 'open' AND NOT w.blocked AND (w.platform, w.account_id) > (a.platform, a.account_id)
+        ORDER BY w.platform, w.account_id LIMIT 1
+    ) n
 ), placed AS MATERIALIZED (
-    -- Its jobs in flight counted by one probe of reply_jobs_account_in_flight per row:
-    -- no join for a plan made on stale statistics to turn quadratic.
-    SELECT d.id FROM ranked d
-    WHERE $2 = 0 OR d.place + (
-        SELECT count(*) FROM reply_jobs r
-        WHERE r.platform = d.platform AND r.account_id = d.account_id AND r.status IN ('pending', 'processing')
-    ) <= $2
+    SELECT d.id, d.due_at FROM accounts a CROSS JOIN LATERAL (
+        SELECT w.id, w.due_at FROM chat_windows w
+        WHERE w.platform = a.platform AND w.account_id = a.account_id
+          AND w.status = 'open' AND NOT w.blocked AND w.due_at <= (SELECT clock_timestamp())
+        ORDER BY w.due_at
+        LIMIT CASE WHEN $2 = 0 THEN $1 * 2
+                   ELSE greatest($2 - (SELECT count(*) FROM reply_jobs r
+                                       WHERE r.platform = a.platform AND r.account_id = a.account_id
+                                         AND r.status IN ('pending', 'processing')), 0)
+              END
+    ) d
     ORDER BY d.due_at
     LIMIT $1 * 2
 ), ready AS MATERIALIZED (
     -- The in-transit check (a query each) only for the few placed windows.
-    SELECT w.id FROM placed p JOIN chat_windows w ON w.id = p.id
+    SELECT w.id, p.due_at FROM placed p JOIN chat_windows w ON w.id = p.id
     WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.due_at)
+    ORDER BY p.due_at
 )
 SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
-FROM chat_windows w
-WHERE w.id = ANY(ARRAY(SELECT id FROM ready))
-  AND w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
-ORDER BY w.due_at
+FROM ready r CROSS JOIN LATERAL (
+    SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at, w.status, w.blocked
+    FROM chat_windows w WHERE w.id = r.id
+    OFFSET 0 FOR UPDATE SKIP LOCKED
+) w
+WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
 LIMIT $1
-FOR UPDATE OF w SKIP LOCKED
 """
 
 # The next window to fall due. Windows already due but not emitted (their account at its
 # fair share, a message of their chat in transit, another replica holding them) are
-# looked at again at the next poll: counting them here would spin the scheduler.
+# looked at again at the next poll: counting them here would spin the scheduler. The time
+# is read once ((SELECT clock_timestamp()), an init plan) so that it starts the scan of
+# chat_windows_ready_due past the windows already due (clock_timestamp() itself, volatile,
+# only filters: 1-1.6 ms a poll stepping over 4,800 due windows waiting for their share).
 _NEXT_DUE = """
 SELECT extract(epoch FROM w.due_at - clock_timestamp())::float8
 FROM chat_windows w
-WHERE w.status = 'open' AND NOT w.blocked AND w.due_at > clock_timestamp()
+WHERE w.status = 'open' AND NOT w.blocked AND w.due_at > (SELECT clock_timestamp())
   AND NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.due_at)
 ORDER BY w.due_at
 LIMIT 1
 """
 
 # The windows' messages in platform order (chatq_order), with each one's running count
-# and text length, for the cap on what one job carries.
+# and text length, for the cap on what one job carries. Each message is read by its key:
+# OFFSET 0 keeps the planner from joining operations by a scan, as a generic plan made
+# while the table was small did (3 ms a round with 7,000 operations, in bench.pipeline).
 _WINDOW_MESSAGES = """
 SELECT wm.window_id, o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at,
        row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars
-FROM window_messages wm JOIN operations o ON o.id = wm.operation_id
+FROM window_messages wm
+CROSS JOIN LATERAL (SELECT o.* FROM operations o WHERE o.id = wm.operation_id OFFSET 0) o
 WHERE wm.window_id = ANY($1::uuid[])
 WINDOW w AS (PARTITION BY wm.window_id ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
 ORDER BY wm.window_id, n
@@ -305,7 +326,9 @@ class PgWindowSession:
     async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
         return [
             DueWindow(w["id"], w["chat_key"], w["platform"], w["account_id"], w["chat_id"], w["due_at"])
-            for w in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs)
+            for w in sorted(
+                await self._conn.fetch(_CLAIM_DUE, limit, account_jobs), key=lambda w: w["due_at"]
+            )
         ]
 
     async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:
@@ -363,7 +386,7 @@ class PgWindowSession:
                 """
                 UPDATE window_messages wm SET window_id = v.part
                 FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, part)
-                WHERE wm.operation_id = v.operation_id
+                WHERE wm.operation_id = v.operation_id AND wm.operation_id = ANY($1::uuid[])
                 """,
                 [m.operation_id for j in parts for m in j.messages],
                 [j.window_id for j in parts for _ in j.messages],
@@ -373,7 +396,7 @@ class PgWindowSession:
                 UPDATE chat_windows w SET message_count = w.message_count - v.kept, due_at = $2,
                        deadline_at = greatest(w.deadline_at, $2), blocked = true
                 FROM unnest($1::uuid[], $3::int[]) AS v(window_id, kept)
-                WHERE w.id = v.window_id
+                WHERE w.id = v.window_id AND w.id = ANY($1::uuid[])
                 """,
                 [split[j.window_id] for j in parts],
                 now,
@@ -396,7 +419,7 @@ class PgWindowSession:
             """
             UPDATE chat_windows w SET status = 'closed', closed_at = $3, job_id = v.job_id
             FROM unnest($1::uuid[], $2::uuid[]) AS v(window_id, job_id)
-            WHERE w.id = v.window_id
+            WHERE w.id = v.window_id AND w.id = ANY($1::uuid[])
             """,
             [j.window_id for j in whole],
             [j.job_id for j in whole],

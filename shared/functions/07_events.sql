@@ -1,10 +1,15 @@
 -- Append one event to the record of each of p_ops (operation_events), in the caller's
 -- transaction: the state change and its record commit together or not at all.
+-- PL/pgSQL, not SQL: a SQL function that cannot be inlined (an INSERT) plans its body
+-- again on every call, and the responder logs twice a job (0.15 ms a call, against
+-- 0.065 ms for the INSERT itself); PL/pgSQL keeps the INSERT's plan for the session.
 CREATE OR REPLACE FUNCTION chatq_log(
     p_ops uuid[], p_kind text, p_detail text, p_job uuid DEFAULT NULL, p_actor text DEFAULT NULL
-) RETURNS void LANGUAGE sql AS $$
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
     INSERT INTO operation_events (operation_id, kind, detail, job_id, actor)
-    SELECT x, p_kind, p_detail, p_job, p_actor FROM unnest(p_ops) AS x
+    SELECT x, p_kind, p_detail, p_job, p_actor FROM unnest(p_ops) AS x;
+END
 $$;
 
 -- The record is append-only: an event, once written, is never rewritten. Rows leave only

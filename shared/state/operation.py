@@ -128,7 +128,9 @@ async def assign_jobs(
     conn: Conn, operation_ids: Sequence[uuid.UUID], job_ids: Sequence[uuid.UUID], at: datetime
 ) -> None:
     """The coalescer emitted reply jobs: each operation points at the job that answers it
-    (``operation_ids[i]`` -> ``job_ids[i]``), and its record says so."""
+    (``operation_ids[i]`` -> ``job_ids[i]``), and its record says so. The rows are found
+    by key (``id = ANY``): joined to the unnest alone, a generic plan made while the table
+    was small scanned all of operations (3 ms a round with 7,000 rows)."""
     await conn.execute(
         """
         WITH ev AS (
@@ -138,7 +140,7 @@ async def assign_jobs(
         )
         UPDATE operations o SET job_id = v.job_id, updated_at = $3
         FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
-        WHERE o.id = v.operation_id
+        WHERE o.id = v.operation_id AND o.id = ANY($1::uuid[])
         """,
         list(operation_ids),
         list(job_ids),
