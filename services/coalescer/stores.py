@@ -22,7 +22,6 @@ import asyncpg
 from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE
 from shared.db import Conn
 from shared.messages import InboundMessage, JobMessage, Platform, ReplyJob
-from shared.outbox import OutboxMessage, enqueue_many
 from shared.state import operation as operation_state
 
 from .windows import Window
@@ -208,15 +207,30 @@ WITH RECURSIVE accounts AS (
     SELECT w.id, p.due_at FROM placed p JOIN chat_windows w ON w.id = p.id
     WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.due_at)
     ORDER BY p.due_at
+), claimed AS MATERIALIZED (
+    SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
+    FROM ready r CROSS JOIN LATERAL (
+        SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at, w.status, w.blocked
+        FROM chat_windows w WHERE w.id = r.id
+        OFFSET 0 FOR UPDATE SKIP LOCKED
+    ) w
+    WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
+    LIMIT $1
 )
-SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
-FROM ready r CROSS JOIN LATERAL (
-    SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at, w.status, w.blocked
-    FROM chat_windows w WHERE w.id = r.id
-    OFFSET 0 FOR UPDATE SKIP LOCKED
-) w
-WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
-LIMIT $1
+-- With each claimed window its messages (as _WINDOW_MESSAGES reads them) and the clock, in
+-- the same round trip: a window without messages comes as one row with no message.
+SELECT c.id AS window_id, c.chat_key, c.platform, c.account_id, c.chat_id, c.due_at,
+       clock_timestamp() AS now, m.id, m.message_id, m.author_id, m.text, m.sent_at, m.received_at, m.n, m.chars
+FROM claimed c
+LEFT JOIN LATERAL (
+    SELECT o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at,
+           row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars
+    FROM window_messages wm
+    CROSS JOIN LATERAL (SELECT o.* FROM operations o WHERE o.id = wm.operation_id OFFSET 0) o
+    WHERE wm.window_id = c.id
+    WINDOW w AS (ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
+) m ON true
+ORDER BY c.due_at, c.id, m.n
 """
 
 # The next window to fall due. Windows already due but not emitted (their account at its
@@ -246,6 +260,11 @@ CROSS JOIN LATERAL (SELECT o.* FROM operations o WHERE o.id = wm.operation_id OF
 WHERE wm.window_id = ANY($1::uuid[])
 WINDOW w AS (PARTITION BY wm.window_id ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
 ORDER BY wm.window_id, n
+"""
+
+_EMIT_JOBS = """
+SELECT chatq_emit_jobs($1::uuid[], $2::uuid[], $3::text[], $4::text[], $5::text[], $6::text[], $7::boolean[],
+                       $8::bytea[], $9::uuid[], $10::uuid[], $11::timestamptz, $12::text, $13::text)
 """
 
 #: SQLSTATE classes of errors that belong to one window's data (a constraint it breaks, a
@@ -283,6 +302,9 @@ class PgWindowStore:
 class PgWindowSession:
     def __init__(self, conn: Conn) -> None:
         self._conn = conn
+        # What the last claim_due read besides the windows: their ids, their messages and
+        # the database clock.
+        self._claimed: tuple[frozenset[uuid.UUID], list[Listed], datetime | None] | None = None
 
     async def lock_chats(self, messages: Sequence[tuple[str, uuid.UUID]]) -> list[ChatState]:
         rows = await self._conn.fetch(_LOCK_CHATS, [k for k, _ in messages], [o for _, o in messages])
@@ -324,14 +346,31 @@ class PgWindowSession:
         )
 
     async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
-        return [
-            DueWindow(w["id"], w["chat_key"], w["platform"], w["account_id"], w["chat_id"], w["due_at"])
-            for w in sorted(
-                await self._conn.fetch(_CLAIM_DUE, limit, account_jobs), key=lambda w: w["due_at"]
-            )
-        ]
+        # One round trip for the claim, the claimed windows' messages and the clock: the
+        # session keeps the last two for messages() and now() of this round.
+        due: dict[uuid.UUID, DueWindow] = {}
+        listed: list[Listed] = []
+        now: datetime | None = None
+        for row in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs):
+            window_id = row["window_id"]
+            if window_id not in due:
+                due[window_id] = DueWindow(
+                    window_id,
+                    row["chat_key"],
+                    row["platform"],
+                    row["account_id"],
+                    row["chat_id"],
+                    row["due_at"],
+                )
+            now = row["now"]
+            if row["id"] is not None:
+                listed.append(Listed(window_id, JobMessage.from_row(row), row["n"], row["chars"]))
+        self._claimed = (frozenset(due), listed, now)
+        return list(due.values())
 
     async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:
+        if self._claimed is not None and self._claimed[0] == frozenset(window_ids):
+            return list(self._claimed[1])
         return [
             Listed(
                 m["window_id"],
@@ -343,6 +382,8 @@ class PgWindowSession:
         ]
 
     async def now(self) -> datetime:
+        if self._claimed is not None and self._claimed[2] is not None:
+            return self._claimed[2]
         now: datetime = await self._conn.fetchval("SELECT clock_timestamp()")
         return now
 
@@ -402,47 +443,23 @@ class PgWindowSession:
                 now,
                 [len(j.messages) for j in parts],
             )
-        await self._conn.executemany(
-            """
-            INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
-                                    operation_ids, created_at, updated_at)
-            VALUES ($1, $2, $3, $4, $5, $6, 'pending', $7, $8, $8)
-            """,
-            [
-                (j.job_id, j.window_id, j.chat_key, j.platform, j.account_id, j.chat_id,
-                 [m.operation_id for m in j.messages], now)
-                for j in jobs
-            ],
-        )  # fmt: skip
-        whole = [j for j in jobs if j.window_id not in split]
+        # The jobs, the whole windows closed, the operations pointed at their jobs (and
+        # their records), the outbox rows: one round trip (shared/functions/20_windows.sql).
         await self._conn.execute(
-            """
-            UPDATE chat_windows w SET status = 'closed', closed_at = $3, job_id = v.job_id
-            FROM unnest($1::uuid[], $2::uuid[]) AS v(window_id, job_id)
-            WHERE w.id = v.window_id AND w.id = ANY($1::uuid[])
-            """,
-            [j.window_id for j in whole],
-            [j.job_id for j in whole],
-            now,
-        )
-        await operation_state.assign_jobs(
-            self._conn,
+            _EMIT_JOBS,
+            [j.job_id for j in jobs],
+            [j.window_id for j in jobs],
+            [j.chat_key for j in jobs],
+            [j.platform for j in jobs],
+            [j.account_id for j in jobs],
+            [j.chat_id for j in jobs],
+            [j.window_id not in split for j in jobs],
+            [j.to_bytes() for j in jobs],
             [m.operation_id for j in jobs for m in j.messages],
             [j.job_id for j in jobs for _ in j.messages],
             now,
-        )
-        await enqueue_many(
-            self._conn,
-            [
-                OutboxMessage(
-                    exchange=JOBS_EXCHANGE,
-                    routing_key=JOB_ROUTING_KEY,
-                    message_id=str(j.job_id),
-                    ordering_key=j.chat_key,
-                    body=j.to_bytes(),
-                )
-                for j in jobs
-            ],
+            JOBS_EXCHANGE,
+            JOB_ROUTING_KEY,
         )
 
     async def set_aside(self, job: ReplyJob, reason: str, owner: str) -> list[uuid.UUID]:

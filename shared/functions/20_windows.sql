@@ -143,3 +143,42 @@ CREATE OR REPLACE FUNCTION chatq_earlier_in_transit(
           AND t.received_at < p_before
           AND t.received_at > clock_timestamp() - interval '60 seconds')
 $$;
+
+-- The scheduler's write of the reply jobs of a round, in one round trip (it was four: the
+-- jobs, the windows closed, the operations pointed at their jobs with their records, the
+-- outbox rows): each job's row (its operations in order: p_op_jobs names each operation's
+-- job, in the job's order), each whole job's window closed (p_close: false for a part of a
+-- window past the cap, whose closed window the caller wrote), each operation pointed at
+-- its job and its record saying so, and each job's outbox row on p_exchange. Every lookup
+-- is by key.
+CREATE OR REPLACE FUNCTION chatq_emit_jobs(
+    p_job_ids uuid[], p_window_ids uuid[], p_chat_keys text[], p_platforms text[], p_account_ids text[],
+    p_chat_ids text[], p_close boolean[], p_bodies bytea[], p_op_ids uuid[], p_op_jobs uuid[],
+    p_now timestamptz, p_exchange text, p_routing_key text
+) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status, operation_ids,
+                            created_at, updated_at)
+    SELECT v.id, v.window_id, v.chat_key, v.platform, v.account_id, v.chat_id, 'pending', g.ops, p_now, p_now
+    FROM unnest(p_job_ids, p_window_ids, p_chat_keys, p_platforms, p_account_ids, p_chat_ids) WITH ORDINALITY
+         AS v(id, window_id, chat_key, platform, account_id, chat_id, n)
+    JOIN (SELECT o.job, array_agg(o.op ORDER BY o.n) AS ops
+          FROM unnest(p_op_ids, p_op_jobs) WITH ORDINALITY AS o(op, job, n) GROUP BY o.job) g ON g.job = v.id
+    ORDER BY v.n;
+    UPDATE chat_windows w SET status = 'closed', closed_at = p_now, job_id = v.job_id
+    FROM (SELECT x.window_id, x.job_id FROM unnest(p_window_ids, p_job_ids, p_close) AS x(window_id, job_id, close)
+          WHERE x.close) v
+    WHERE w.id = v.window_id AND w.id = ANY(p_window_ids);
+    INSERT INTO operation_events (operation_id, kind, detail, job_id)
+    SELECT v.op, 'emitted', 'in a reply job: the buyer paused, one reply answers the burst', v.job
+    FROM unnest(p_op_ids, p_op_jobs) WITH ORDINALITY AS v(op, job, n)
+    ORDER BY v.n;
+    UPDATE operations o SET job_id = v.job, updated_at = p_now
+    FROM unnest(p_op_ids, p_op_jobs) AS v(op, job)
+    WHERE o.id = v.op AND o.id = ANY(p_op_ids);
+    INSERT INTO outbox (exchange, routing_key, message_id, ordering_key, headers, body)
+    SELECT p_exchange, p_routing_key, v.id::text, v.chat_key, '{}'::jsonb, v.body
+    FROM unnest(p_job_ids, p_chat_keys, p_bodies) WITH ORDINALITY AS v(id, chat_key, body, n)
+    ORDER BY v.n;
+END
+$$;

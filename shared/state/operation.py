@@ -16,7 +16,6 @@ from __future__ import annotations
 import enum
 import uuid
 from collections.abc import Sequence
-from datetime import datetime
 
 import asyncpg
 
@@ -122,30 +121,6 @@ async def fail_unfiled(conn: Conn, operation_id: uuid.UUID, reason: str, owner: 
     """The coalescer gave up on a message it never filed (see ``fail``). Returns whether
     the operation changed."""
     return bool(await fail(conn, [operation_id], reason, owner, unfiled_only=True))
-
-
-async def assign_jobs(
-    conn: Conn, operation_ids: Sequence[uuid.UUID], job_ids: Sequence[uuid.UUID], at: datetime
-) -> None:
-    """The coalescer emitted reply jobs: each operation points at the job that answers it
-    (``operation_ids[i]`` -> ``job_ids[i]``), and its record says so. The rows are found
-    by key (``id = ANY``): joined to the unnest alone, a generic plan made while the table
-    was small scanned all of operations (3 ms a round with 7,000 rows)."""
-    await conn.execute(
-        """
-        WITH ev AS (
-            INSERT INTO operation_events (operation_id, kind, detail, job_id)
-            SELECT v.operation_id, 'emitted', 'in a reply job: the buyer paused, one reply answers the burst', v.job_id
-            FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
-        )
-        UPDATE operations o SET job_id = v.job_id, updated_at = $3
-        FROM unnest($1::uuid[], $2::uuid[]) AS v(operation_id, job_id)
-        WHERE o.id = v.operation_id AND o.id = ANY($1::uuid[])
-        """,
-        list(operation_ids),
-        list(job_ids),
-        at,
-    )
 
 
 async def record_event(
