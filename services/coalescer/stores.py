@@ -172,7 +172,11 @@ SELECT chatq_file_messages($1::uuid[], $2::boolean[], $3::text[], $4::text[], $5
 # row, so no plan, generic or made on stale statistics, can turn it into a scan of the due
 # set (once a join of the due set with a count derived from it took 4-5 s a round). The
 # due time is read once ((SELECT clock_timestamp()), an init plan) so that it bounds the
-# index scans instead of filtering them. The rows are locked one by one, by key, in the
+# index scans instead of filtering them. An account's due windows are asked for as a range
+# of (platform, account, due time), which only chat_windows_ready_account can bound: asked
+# for as an account and a due time, the planner read them from chat_windows_ready_due and
+# stepped over every other account's due windows (2,000 rows for one, in
+# tests/integration/test_scheduler_cost.py). The rows are locked one by one, by key, in the
 # order they go, and no more than go (LIMIT over a nested loop stops pulling): a window
 # another replica holds is skipped and the next placed one takes its place. The lock takes
 # the key alone (OFFSET 0 keeps the state checks out of it), so no partial index of open
@@ -191,9 +195,10 @@ WITH RECURSIVE accounts AS (
 ), placed AS MATERIALIZED (
     SELECT d.id, d.due_at FROM accounts a CROSS JOIN LATERAL (
         SELECT w.id, w.due_at FROM chat_windows w
-        WHERE w.platform = a.platform AND w.account_id = a.account_id
-          AND w.status = 'open' AND NOT w.blocked AND w.due_at <= (SELECT clock_timestamp())
-        ORDER BY w.due_at
+        WHERE w.status = 'open' AND NOT w.blocked
+          AND (w.platform, w.account_id, w.due_at) >= (a.platform, a.account_id, '-infinity'::timestamptz)
+          AND (w.platform, w.account_id, w.due_at) <= (a.platform, a.account_id, (SELECT clock_timestamp()))
+        ORDER BY w.platform, w.account_id, w.due_at
         LIMIT CASE WHEN $2 = 0 THEN $1 * 2
                    ELSE greatest($2 - (SELECT count(*) FROM reply_jobs r
                                        WHERE r.platform = a.platform AND r.account_id = a.account_id

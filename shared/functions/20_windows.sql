@@ -162,8 +162,10 @@ BEGIN
     SELECT v.id, v.window_id, v.chat_key, v.platform, v.account_id, v.chat_id, 'pending', g.ops, p_now, p_now
     FROM unnest(p_job_ids, p_window_ids, p_chat_keys, p_platforms, p_account_ids, p_chat_ids) WITH ORDINALITY
          AS v(id, window_id, chat_key, platform, account_id, chat_id, n)
-    JOIN (SELECT o.job, array_agg(o.op ORDER BY o.n) AS ops
-          FROM unnest(p_op_ids, p_op_jobs) WITH ORDINALITY AS o(op, job, n) GROUP BY o.job) g ON g.job = v.id
+    -- A job named with no operation gets none (and the table's checks refuse it), never
+    -- silently no row beside its outbox row.
+    LEFT JOIN (SELECT o.job, array_agg(o.op ORDER BY o.n) AS ops
+               FROM unnest(p_op_ids, p_op_jobs) WITH ORDINALITY AS o(op, job, n) GROUP BY o.job) g ON g.job = v.id
     ORDER BY v.n;
     UPDATE chat_windows w SET status = 'closed', closed_at = p_now, job_id = v.job_id
     FROM (SELECT x.window_id, x.job_id FROM unnest(p_window_ids, p_job_ids, p_close) AS x(window_id, job_id, close)
