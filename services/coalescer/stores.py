@@ -181,6 +181,11 @@ SELECT chatq_file_messages($1::uuid[], $2::boolean[], $3::text[], $4::text[], $5
 # another replica holds is skipped and the next placed one takes its place. The lock takes
 # the key alone (OFFSET 0 keeps the state checks out of it), so no partial index of open
 # windows can be scanned for it, and the checks read the row as locked, its latest version.
+# The messages come from the statement's snapshot, taken before the locks: a window a
+# filing moved on and committed in between (a message added to a window past its deadline,
+# still due) is locked as the filing left it, with a message the snapshot does not see.
+# Such a window comes with moved (its locked version is not the one the snapshot read),
+# and its messages are read again, after the locks (PgWindowSession.claim_due).
 _CLAIM_DUE = """
 WITH RECURSIVE accounts AS (
     (SELECT w.platform, w.account_id FROM chat_windows w
@@ -209,13 +214,13 @@ WITH RECURSIVE accounts AS (
     LIMIT $1 * 2
 ), ready AS MATERIALIZED (
     -- The in-transit check (a query each) only for the few placed windows.
-    SELECT w.id, p.due_at FROM placed p JOIN chat_windows w ON w.id = p.id
+    SELECT w.id, p.due_at, w.xmin AS seen FROM placed p JOIN chat_windows w ON w.id = p.id
     WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.due_at)
     ORDER BY p.due_at
 ), claimed AS MATERIALIZED (
-    SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
+    SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at, w.xmin <> r.seen AS moved
     FROM ready r CROSS JOIN LATERAL (
-        SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at, w.status, w.blocked
+        SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at, w.status, w.blocked, w.xmin
         FROM chat_windows w WHERE w.id = r.id
         OFFSET 0 FOR UPDATE SKIP LOCKED
     ) w
@@ -224,7 +229,7 @@ WITH RECURSIVE accounts AS (
 )
 -- With each claimed window its messages (as _WINDOW_MESSAGES reads them) and the clock, in
 -- the same round trip: a window without messages comes as one row with no message.
-SELECT c.id AS window_id, c.chat_key, c.platform, c.account_id, c.chat_id, c.due_at,
+SELECT c.id AS window_id, c.chat_key, c.platform, c.account_id, c.chat_id, c.due_at, c.moved,
        clock_timestamp() AS now, m.id, m.message_id, m.author_id, m.text, m.sent_at, m.received_at, m.n, m.chars
 FROM claimed c
 LEFT JOIN LATERAL (
@@ -307,9 +312,9 @@ class PgWindowStore:
 class PgWindowSession:
     def __init__(self, conn: Conn) -> None:
         self._conn = conn
-        # What the last claim_due read besides the windows: their ids, their messages and
-        # the database clock.
-        self._claimed: tuple[frozenset[uuid.UUID], list[Listed], datetime | None] | None = None
+        # What the last claim_due read besides the windows: their ids, their messages (None:
+        # to be read again, after the locks) and the database clock.
+        self._claimed: tuple[frozenset[uuid.UUID], list[Listed] | None, datetime | None] | None = None
 
     async def lock_chats(self, messages: Sequence[tuple[str, uuid.UUID]]) -> list[ChatState]:
         rows = await self._conn.fetch(_LOCK_CHATS, [k for k, _ in messages], [o for _, o in messages])
@@ -356,7 +361,9 @@ class PgWindowSession:
         due: dict[uuid.UUID, DueWindow] = {}
         listed: list[Listed] = []
         now: datetime | None = None
+        moved = False
         for row in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs):
+            moved = moved or row["moved"]
             window_id = row["window_id"]
             if window_id not in due:
                 due[window_id] = DueWindow(
@@ -370,12 +377,15 @@ class PgWindowSession:
             now = row["now"]
             if row["id"] is not None:
                 listed.append(Listed(window_id, JobMessage.from_row(row), row["n"], row["chars"]))
-        self._claimed = (frozenset(due), listed, now)
+        # A window moved on since the statement's snapshot: what it read of the messages
+        # may miss some (see _CLAIM_DUE).
+        self._claimed = (frozenset(due), None if moved else listed, now)
         return list(due.values())
 
     async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:
         if self._claimed is not None and self._claimed[0] == frozenset(window_ids):
-            return list(self._claimed[1])
+            if self._claimed[1] is not None:
+                return list(self._claimed[1])
         return [
             Listed(
                 m["window_id"],
