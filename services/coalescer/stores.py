@@ -222,20 +222,7 @@ WITH RECURSIVE accounts AS (
     WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
     LIMIT $1
 )
--- With each claimed window its messages (as _WINDOW_MESSAGES reads them) and the clock, in
--- the same round trip: a window without messages comes as one row with no message.
-SELECT c.id AS window_id, c.chat_key, c.platform, c.account_id, c.chat_id, c.due_at,
-       clock_timestamp() AS now, m.id, m.message_id, m.author_id, m.text, m.sent_at, m.received_at, m.n, m.chars
-FROM claimed c
-LEFT JOIN LATERAL (
-    SELECT o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at,
-           row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars
-    FROM window_messages wm
-    CROSS JOIN LATERAL (SELECT o.* FROM operations o WHERE o.id = wm.operation_id OFFSET 0) o
-    WHERE wm.window_id = c.id
-    WINDOW w AS (ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
-) m ON true
-ORDER BY c.due_at, c.id, m.n
+SELECT c.id, c.chat_key, c.platform, c.account_id, c.chat_id, c.due_at FROM claimed c ORDER BY c.due_at, c.id
 """
 
 # The next window to fall due. Windows already due but not emitted (their account at its
@@ -259,7 +246,7 @@ LIMIT 1
 # while the table was small did (3 ms a round with 7,000 operations, in bench.pipeline).
 _WINDOW_MESSAGES = """
 SELECT wm.window_id, o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at,
-       row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars
+       row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars, clock_timestamp() AS now
 FROM window_messages wm
 CROSS JOIN LATERAL (SELECT o.* FROM operations o WHERE o.id = wm.operation_id OFFSET 0) o
 WHERE wm.window_id = ANY($1::uuid[])
@@ -307,9 +294,8 @@ class PgWindowStore:
 class PgWindowSession:
     def __init__(self, conn: Conn) -> None:
         self._conn = conn
-        # What the last claim_due read besides the windows: their ids, their messages and
-        # the database clock.
-        self._claimed: tuple[frozenset[uuid.UUID], list[Listed], datetime | None] | None = None
+        # The database clock as the round's messages() read it.
+        self._now: datetime | None = None
 
     async def lock_chats(self, messages: Sequence[tuple[str, uuid.UUID]]) -> list[ChatState]:
         rows = await self._conn.fetch(_LOCK_CHATS, [k for k, _ in messages], [o for _, o in messages])
@@ -351,44 +337,27 @@ class PgWindowSession:
         )
 
     async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
-        # One round trip for the claim, the claimed windows' messages and the clock: the
-        # session keeps the last two for messages() and now() of this round.
-        due: dict[uuid.UUID, DueWindow] = {}
-        listed: list[Listed] = []
-        now: datetime | None = None
-        for row in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs):
-            window_id = row["window_id"]
-            if window_id not in due:
-                due[window_id] = DueWindow(
-                    window_id,
-                    row["chat_key"],
-                    row["platform"],
-                    row["account_id"],
-                    row["chat_id"],
-                    row["due_at"],
-                )
-            now = row["now"]
-            if row["id"] is not None:
-                listed.append(Listed(window_id, JobMessage.from_row(row), row["n"], row["chars"]))
-        self._claimed = (frozenset(due), listed, now)
-        return list(due.values())
-
-    async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:
-        if self._claimed is not None and self._claimed[0] == frozenset(window_ids):
-            return list(self._claimed[1])
+        self._now = None
         return [
-            Listed(
-                m["window_id"],
-                JobMessage.from_row(m),
-                m["n"],
-                m["chars"],
-            )
-            for m in await self._conn.fetch(_WINDOW_MESSAGES, list(window_ids))
+            DueWindow(w["id"], w["chat_key"], w["platform"], w["account_id"], w["chat_id"], w["due_at"])
+            for w in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs)
         ]
 
+    async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:
+        # Its own statement, after the claim's: in READ COMMITTED a statement sees what was
+        # committed when it started, so a read inside the claim's statement would miss a
+        # message whose filing committed after that start but before the claim locked its
+        # window (SKIP LOCKED only skips a window locked at that moment): the message left
+        # in a closed window, never answered (chaos, "RabbitMQ connections cut": 3 lost).
+        # The clock comes with the messages: the round's time, one round trip fewer.
+        rows = await self._conn.fetch(_WINDOW_MESSAGES, list(window_ids))
+        if rows:
+            self._now = rows[0]["now"]
+        return [Listed(m["window_id"], JobMessage.from_row(m), m["n"], m["chars"]) for m in rows]
+
     async def now(self) -> datetime:
-        if self._claimed is not None and self._claimed[2] is not None:
-            return self._claimed[2]
+        if self._now is not None:
+            return self._now
         now: datetime = await self._conn.fetchval("SELECT clock_timestamp()")
         return now
 
