@@ -185,14 +185,9 @@ SELECT chatq_file_messages($1::uuid[], $2::boolean[], $3::text[], $4::text[], $5
 # An account whose earliest ready window is not due yet is not probed at all. The rows are
 # locked one by one, by key, in the order they go, and no more than go (LIMIT over a nested
 # loop stops pulling): a window another replica holds is skipped and the next placed one
-# takes its place. The lock takes
-# the key alone (OFFSET 0 keeps the state checks out of it), so no partial index of open
-# windows can be scanned for it, and the checks read the row as locked, its latest version.
-# The messages come from the statement's snapshot, taken before the locks: a window a
-# filing moved on and committed in between (a message added to a window past its deadline,
-# still due) is locked as the filing left it, with a message the snapshot does not see.
-# Such a window comes with moved (its locked version is not the one the snapshot read),
-# and its messages are read again, after the locks (PgWindowSession.claim_due).
+# takes its place. The lock takes the key alone (OFFSET 0 keeps the state checks out of
+# it), so no partial index of open windows can be scanned for it, and the checks read the
+# row as locked, its latest version.
 _CLAIM_DUE = """
 WITH RECURSIVE accounts AS (
     (SELECT w.platform, w.account_id, w.due_at FROM chat_windows w
@@ -223,33 +218,20 @@ WITH RECURSIVE accounts AS (
     LIMIT $1 * 2
 ), ready AS MATERIALIZED (
     -- The in-transit check (a query each) only for the few placed windows.
-    SELECT w.id, p.due_at, w.xmin AS seen FROM placed p JOIN chat_windows w ON w.id = p.id
+    SELECT w.id, p.due_at FROM placed p JOIN chat_windows w ON w.id = p.id
     WHERE NOT chatq_earlier_in_transit(w.platform, w.account_id, w.chat_id, w.due_at)
     ORDER BY p.due_at
 ), claimed AS MATERIALIZED (
-    SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at, w.xmin <> r.seen AS moved
+    SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at
     FROM ready r CROSS JOIN LATERAL (
-        SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at, w.status, w.blocked, w.xmin
+        SELECT w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.due_at, w.status, w.blocked
         FROM chat_windows w WHERE w.id = r.id
         OFFSET 0 FOR UPDATE SKIP LOCKED
     ) w
     WHERE w.status = 'open' AND NOT w.blocked AND w.due_at <= clock_timestamp()
     LIMIT $1
 )
--- With each claimed window its messages (as _WINDOW_MESSAGES reads them) and the clock, in
--- the same round trip: a window without messages comes as one row with no message.
-SELECT c.id AS window_id, c.chat_key, c.platform, c.account_id, c.chat_id, c.due_at, c.moved,
-       clock_timestamp() AS now, m.id, m.message_id, m.author_id, m.text, m.sent_at, m.received_at, m.n, m.chars
-FROM claimed c
-LEFT JOIN LATERAL (
-    SELECT o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at,
-           row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars
-    FROM window_messages wm
-    CROSS JOIN LATERAL (SELECT o.* FROM operations o WHERE o.id = wm.operation_id OFFSET 0) o
-    WHERE wm.window_id = c.id
-    WINDOW w AS (ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
-) m ON true
-ORDER BY c.due_at, c.id, m.n
+SELECT c.id, c.chat_key, c.platform, c.account_id, c.chat_id, c.due_at FROM claimed c ORDER BY c.due_at, c.id
 """
 
 # The next window to fall due. Windows already due but not emitted (their account at its
@@ -273,7 +255,7 @@ LIMIT 1
 # while the table was small did (3 ms a round with 7,000 operations, in bench.pipeline).
 _WINDOW_MESSAGES = """
 SELECT wm.window_id, o.id, o.message_id, o.author_id, o.text, o.sent_at, o.received_at,
-       row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars
+       row_number() OVER w AS n, sum(length(o.text)) OVER w AS chars, clock_timestamp() AS now
 FROM window_messages wm
 CROSS JOIN LATERAL (SELECT o.* FROM operations o WHERE o.id = wm.operation_id OFFSET 0) o
 WHERE wm.window_id = ANY($1::uuid[])
@@ -321,9 +303,8 @@ class PgWindowStore:
 class PgWindowSession:
     def __init__(self, conn: Conn) -> None:
         self._conn = conn
-        # What the last claim_due read besides the windows: their ids, their messages (None:
-        # to be read again, after the locks) and the database clock.
-        self._claimed: tuple[frozenset[uuid.UUID], list[Listed] | None, datetime | None] | None = None
+        # The database clock as the round's messages() read it.
+        self._now: datetime | None = None
 
     async def lock_chats(self, messages: Sequence[tuple[str, uuid.UUID]]) -> list[ChatState]:
         rows = await self._conn.fetch(_LOCK_CHATS, [k for k, _ in messages], [o for _, o in messages])
@@ -365,49 +346,27 @@ class PgWindowSession:
         )
 
     async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
-        # One round trip for the claim, the claimed windows' messages and the clock: the
-        # session keeps the last two for messages() and now() of this round.
-        due: dict[uuid.UUID, DueWindow] = {}
-        listed: list[Listed] = []
-        now: datetime | None = None
-        moved = False
-        for row in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs):
-            moved = moved or row["moved"]
-            window_id = row["window_id"]
-            if window_id not in due:
-                due[window_id] = DueWindow(
-                    window_id,
-                    row["chat_key"],
-                    row["platform"],
-                    row["account_id"],
-                    row["chat_id"],
-                    row["due_at"],
-                )
-            now = row["now"]
-            if row["id"] is not None:
-                listed.append(Listed(window_id, JobMessage.from_row(row), row["n"], row["chars"]))
-        # A window moved on since the statement's snapshot: what it read of the messages
-        # may miss some (see _CLAIM_DUE).
-        self._claimed = (frozenset(due), None if moved else listed, now)
-        return list(due.values())
-
-    async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:
-        if self._claimed is not None and self._claimed[0] == frozenset(window_ids):
-            if self._claimed[1] is not None:
-                return list(self._claimed[1])
+        self._now = None
         return [
-            Listed(
-                m["window_id"],
-                JobMessage.from_row(m),
-                m["n"],
-                m["chars"],
-            )
-            for m in await self._conn.fetch(_WINDOW_MESSAGES, list(window_ids))
+            DueWindow(w["id"], w["chat_key"], w["platform"], w["account_id"], w["chat_id"], w["due_at"])
+            for w in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs)
         ]
 
+    async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:
+        # Its own statement, after the claim's: in READ COMMITTED a statement sees what was
+        # committed when it started, so a read inside the claim's statement would miss a
+        # message whose filing committed after that start but before the claim locked its
+        # window (SKIP LOCKED only skips a window locked at that moment): the message left
+        # in a closed window, never answered (chaos, "RabbitMQ connections cut": 3 lost).
+        # The clock comes with the messages: the round's time, one round trip fewer.
+        rows = await self._conn.fetch(_WINDOW_MESSAGES, list(window_ids))
+        if rows:
+            self._now = rows[0]["now"]
+        return [Listed(m["window_id"], JobMessage.from_row(m), m["n"], m["chars"]) for m in rows]
+
     async def now(self) -> datetime:
-        if self._claimed is not None and self._claimed[2] is not None:
-            return self._claimed[2]
+        if self._now is not None:
+            return self._now
         now: datetime = await self._conn.fetchval("SELECT clock_timestamp()")
         return now
 
