@@ -142,7 +142,9 @@ class Relay:
             raise ValueError("a relay publishes at least one exchange")
         self._pool = pool
         self._publisher = publisher
-        self._exchanges = list(exchanges)
+        # Each once: the claim reads each exchange it is given, and a row it read twice
+        # would be locked (by this relay) and published twice.
+        self._exchanges = list(dict.fromkeys(exchanges))
         self._batch_size = batch_size
         self._poll_seconds = poll_seconds
         self._retention = retention_seconds

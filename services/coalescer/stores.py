@@ -172,32 +172,40 @@ SELECT chatq_file_messages($1::uuid[], $2::boolean[], $3::text[], $4::text[], $5
 # row, so no plan, generic or made on stale statistics, can turn it into a scan of the due
 # set (once a join of the due set with a count derived from it took 4-5 s a round). The
 # due time is read once ((SELECT clock_timestamp()), an init plan) so that it bounds the
-# index scans instead of filtering them. An account's due windows are asked for as a range
-# of (platform, account, due time), which only chat_windows_ready_account can bound: asked
-# for as an account and a due time, the planner read them from chat_windows_ready_due and
-# stepped over every other account's due windows (2,000 rows for one, in
-# tests/integration/test_scheduler_cost.py). The rows are locked one by one, by key, in the
-# order they go, and no more than go (LIMIT over a nested loop stops pulling): a window
-# another replica holds is skipped and the next placed one takes its place. The lock takes
-# the key alone (OFFSET 0 keeps the state checks out of it), so no partial index of open
-# windows can be scanned for it, and the checks read the row as locked, its latest version.
+# index scans instead of filtering them. An account's due windows are asked for as its
+# platform and a range of (account, due time), from its earliest ready window (the skip
+# scan found it) to now, in the order of chat_windows_ready_account, which only that index
+# gives: asked for as an account and a due time, the planner read them from
+# chat_windows_ready_due and stepped over every other account's due windows (2,000 rows
+# for one, in tests/integration/test_scheduler_cost.py). The platform is asked for as
+# equal, not in the row: Postgres (before 18) ends a scan on a row comparison only where
+# the row's first column decides, and a range of (platform, account, due time) stepped
+# over every later account's ready windows, for every account (0.5 s a round with 3,000
+# accounts); as it is, a probe steps at most over its own account's windows not yet due.
+# An account whose earliest ready window is not due yet is not probed at all. The rows are
+# locked one by one, by key, in the order they go, and no more than go (LIMIT over a nested
+# loop stops pulling): a window another replica holds is skipped and the next placed one
+# takes its place. The lock takes the key alone (OFFSET 0 keeps the state checks out of
+# it), so no partial index of open windows can be scanned for it, and the checks read the
+# row as locked, its latest version.
 _CLAIM_DUE = """
 WITH RECURSIVE accounts AS (
-    (SELECT w.platform, w.account_id FROM chat_windows w
+    (SELECT w.platform, w.account_id, w.due_at FROM chat_windows w
      WHERE w.status = 'open' AND NOT w.blocked
-     ORDER BY w.platform, w.account_id LIMIT 1)
+     ORDER BY w.platform, w.account_id, w.due_at LIMIT 1)
     UNION ALL
-    SELECT n.platform, n.account_id FROM accounts a CROSS JOIN LATERAL (
-        SELECT w.platform, w.account_id FROM chat_windows w
+    SELECT n.platform, n.account_id, n.due_at FROM accounts a CROSS JOIN LATERAL (
+        SELECT w.platform, w.account_id, w.due_at FROM chat_windows w
         WHERE w.status = 'open' AND NOT w.blocked AND (w.platform, w.account_id) > (a.platform, a.account_id)
-        ORDER BY w.platform, w.account_id LIMIT 1
+        ORDER BY w.platform, w.account_id, w.due_at LIMIT 1
     ) n
 ), placed AS MATERIALIZED (
     SELECT d.id, d.due_at FROM accounts a CROSS JOIN LATERAL (
         SELECT w.id, w.due_at FROM chat_windows w
         WHERE w.status = 'open' AND NOT w.blocked
-          AND (w.platform, w.account_id, w.due_at) >= (a.platform, a.account_id, '-infinity'::timestamptz)
-          AND (w.platform, w.account_id, w.due_at) <= (a.platform, a.account_id, (SELECT clock_timestamp()))
+          AND w.platform = a.platform
+          AND (w.account_id, w.due_at) >= (a.account_id, a.due_at)
+          AND (w.account_id, w.due_at) <= (a.account_id, (SELECT clock_timestamp()))
         ORDER BY w.platform, w.account_id, w.due_at
         LIMIT CASE WHEN $2 = 0 THEN $1 * 2
                    ELSE greatest($2 - (SELECT count(*) FROM reply_jobs r
@@ -205,6 +213,7 @@ WITH RECURSIVE accounts AS (
                                          AND r.status IN ('pending', 'processing')), 0)
               END
     ) d
+    WHERE a.due_at <= (SELECT clock_timestamp())
     ORDER BY d.due_at
     LIMIT $1 * 2
 ), ready AS MATERIALIZED (

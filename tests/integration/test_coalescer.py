@@ -461,3 +461,81 @@ async def test_a_redelivered_batch_files_nothing_twice(
     assert [(r["kind"], r["n"]) for r in events] == [("filed", 3)]
     assert await queues.depth(COALESCER_QUEUE) == 0
     await assert_coalescing_invariants(pool)
+
+
+# ---- a claim racing a filing -------------------------------------------------------------
+
+#: The advisory lock a claim waits for between its snapshot and its row locks.
+CLAIM_PAUSE_KEY = 0x63686174_70617573  # "chatpaus"
+
+
+@contextlib.asynccontextmanager
+async def claims_paused_before_their_locks(pool: asyncpg.Pool) -> AsyncIterator[asyncpg.Connection]:
+    """Holds every claim of due windows between its statement's snapshot and its window
+    locks, until the yielded connection releases CLAIM_PAUSE_KEY: the in-transit check the
+    claim runs for each placed window (chatq_earlier_in_transit) first waits for that lock.
+    The function is put back on the way out."""
+    signature = "chatq_earlier_in_transit(text, text, text, timestamptz)"
+    async with pool.acquire() as conn:
+        original = await conn.fetchval("SELECT pg_get_functiondef($1::regprocedure)", signature)
+        await conn.execute(
+            f"""
+            CREATE OR REPLACE FUNCTION chatq_earlier_in_transit(
+                p_platform text, p_account_id text, p_chat_id text, p_before timestamptz
+            ) RETURNS boolean LANGUAGE plpgsql VOLATILE AS $$
+            BEGIN
+                PERFORM pg_advisory_xact_lock_shared({CLAIM_PAUSE_KEY});
+                RETURN EXISTS (
+                    SELECT 1 FROM operations t
+                    WHERE t.platform = p_platform AND t.account_id = p_account_id AND t.chat_id = p_chat_id
+                      AND t.status IN ('accepted', 'queued') AND t.received_at < p_before
+                      AND t.received_at > clock_timestamp() - interval '60 seconds');
+            END
+            $$
+            """
+        )
+        await conn.execute("SELECT pg_advisory_lock($1)", CLAIM_PAUSE_KEY)
+        try:
+            yield conn
+        finally:
+            await conn.execute("SELECT pg_advisory_unlock_all()")
+            await conn.execute(original)
+
+
+async def a_claim_waits_for_the_pause(pool: asyncpg.Pool) -> bool:
+    return bool(
+        await pool.fetchval(
+            """
+            SELECT count(*) FROM pg_stat_activity
+            WHERE datname = current_database() AND wait_event_type = 'Lock' AND wait_event = 'advisory'
+            """
+        )
+    )
+
+
+async def test_a_message_filed_into_a_due_window_while_it_is_being_claimed_is_in_its_job(
+    quick, pool: asyncpg.Pool
+) -> None:
+    """A window past its deadline stays due while the buyer writes on (its account at its
+    fair share, the scheduler behind): a message filed into it commits after a claim's
+    snapshot but before the claim locks the window. The claim then locks the window as the
+    filing left it, and its job must carry that message too: the window closes with it."""
+    zero = replace(
+        quick, reply_delay_min_seconds=0, reply_delay_max_seconds=0, quiet_seconds=0, max_wait_seconds=0
+    )
+    coalescer = Coalescer(pool, policy_from(zero))
+    first = await stored(pool, "9", 1)
+    await coalescer.file(first)
+    async with claims_paused_before_their_locks(pool) as pause:
+        emitting = asyncio.create_task(coalescer.emit_due())
+        await wait_for(lambda: a_claim_waits_for_the_pause(pool), within=10, what="the claim to pause")
+        second = await stored(pool, "9", 2)
+        filed_second = await coalescer.file(second)
+        assert filed_second is not None and not filed_second.opened, "the message joins the due window"
+        await pause.execute("SELECT pg_advisory_unlock($1)", CLAIM_PAUSE_KEY)
+        assert await asyncio.wait_for(emitting, timeout=10) == 1
+    assert await pool.fetchval("SELECT operation_ids FROM reply_jobs") == [
+        first.operation_id,
+        second.operation_id,
+    ]
+    await assert_coalescing_invariants(pool)

@@ -278,3 +278,47 @@ async def test_a_chat_with_a_long_backlog_takes_one_row_of_a_batch_and_the_other
         await broker.close()
     published = [m.message_id for m in await queues.drain(COALESCER_QUEUE)]
     assert sorted(published) == sorted(["hot-0", *(f"other-{i}" for i in range(50))])
+
+
+async def test_a_relay_of_several_exchanges_takes_the_oldest_rows_of_them_all_batch_by_batch(
+    infra, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    # Interleaved ids: in-0, job-0, in-1, job-1, ...; a batch of 3 takes the three oldest,
+    # whichever exchange they are on, and the rows it does not take wait for the next.
+    for i in range(4):
+        await add(pool, row(f"in-{i}", f"chat-in-{i}"))
+        await add(pool, row(f"job-{i}", f"chat-job-{i}", exchange=JOBS_EXCHANGE, rk="reply"))
+    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
+    relay = Relay(pool, ConfirmingPublisher(broker), [JOBS_EXCHANGE, INBOUND_EXCHANGE], batch_size=3)
+    batches = []
+    try:
+        while await relay.run_once():
+            batches.append(
+                [
+                    r["message_id"]
+                    for r in await pool.fetch(
+                        "SELECT message_id FROM outbox WHERE published_at IS NOT NULL AND NOT (message_id = ANY($1))"
+                        " ORDER BY id",
+                        [m for b in batches for m in b],
+                    )
+                ]
+            )
+    finally:
+        await broker.close()
+    assert batches == [["in-0", "job-0", "in-1"], ["job-1", "in-2", "job-2"], ["in-3", "job-3"]]
+    assert sorted(m.message_id for m in await queues.drain(COALESCER_QUEUE)) == [f"in-{i}" for i in range(4)]
+    assert sorted(m.message_id for m in await queues.drain(RESPONDER_QUEUE)) == [f"job-{i}" for i in range(4)]
+
+
+async def test_a_relay_given_one_exchange_twice_publishes_each_row_once(
+    infra, pool: asyncpg.Pool, queues: QueueInspector
+) -> None:
+    await add(pool, row("a1", "chat-a"), row("b1", "chat-b"))
+    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
+    try:
+        relay = Relay(pool, ConfirmingPublisher(broker), [INBOUND_EXCHANGE, INBOUND_EXCHANGE])
+        assert await relay.run_once() == 2
+        assert await relay.run_once() == 0
+    finally:
+        await broker.close()
+    assert sorted(m.message_id for m in await queues.drain(COALESCER_QUEUE)) == ["a1", "b1"]
