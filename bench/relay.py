@@ -48,7 +48,7 @@ async def relay_round(
     pool: asyncpg.Pool, broker: BrokerConnection, settings: Settings, rows: int, tag: str
 ) -> float:
     await pool.execute(FILL_SQL, BODY, tag, rows)
-    relay = Relay.from_settings(pool, broker, settings)
+    relay = Relay.from_settings(pool, broker, settings, [INBOUND_EXCHANGE])
     started = time.perf_counter()
     published = 0
     while published < rows:
@@ -81,7 +81,7 @@ async def raw_round(amqp_url: str, rows: int, window: int) -> float:
 async def steady_lag(
     pool: asyncpg.Pool, broker: BrokerConnection, settings: Settings, rate: int, seconds: float
 ) -> dict[str, float]:
-    relay = Relay.from_settings(pool, broker, settings)
+    relay = Relay.from_settings(pool, broker, settings, [INBOUND_EXCHANGE])
     task = asyncio.create_task(relay.run())
     since = await pool.fetchval("SELECT clock_timestamp()")
     batch = max(rate // 100, 1)  # every 10 ms
