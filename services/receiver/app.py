@@ -36,6 +36,7 @@ from shared.settings import Settings
 
 from . import accounts_api, pages, sandbox
 from . import admin as admin_api
+from .direct import ReceiverApp
 from .errors import ApiError, install_error_handlers
 from .intake import Intake, IntakeBatcher, Stored, parse_json
 from .limits import BodySizeLimit
@@ -152,18 +153,22 @@ def create_app(settings: Settings) -> ReceiverApps:
     webhooks = _webhook_routes(settings)
     admin_routes = [admin_api.router, accounts_api.router, sandbox.router, pages.router]
     if settings.admin_port is None:
-        app = _app(settings, [*admin_routes, webhooks, health], admin=True)
+        app = _app(settings, [*admin_routes, webhooks, health], admin=True, direct=webhooks)
         return ReceiverApps(settings, public=app, admin=None)
-    public = _app(settings, [webhooks, health], admin=False)
+    public = _app(settings, [webhooks, health], admin=False, direct=webhooks)
     admin = _app(settings, [*admin_routes, health], admin=True)
     return ReceiverApps(settings, public=public, admin=admin)
 
 
-def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAPI:
+def _app(
+    settings: Settings, routers: list[APIRouter], *, admin: bool, direct: APIRouter | None = None
+) -> FastAPI:
     """One FastAPI app over some of the routes. Only an app with the admin routes
     publishes /metrics and the OpenAPI document; on any other, those paths are the
-    JSON 404 of every unknown path."""
-    app = FastAPI(
+    JSON 404 of every unknown path. The ``direct`` routes (the webhooks, one of
+    ``routers``) are answered without FastAPI's router and middleware: the hot path
+    (services/receiver/direct.py)."""
+    app = ReceiverApp(
         title="chatqueue receiver",
         version="0.1.0",
         docs_url=None,
@@ -180,6 +185,8 @@ def _app(settings: Settings, routers: list[APIRouter], *, admin: bool) -> FastAP
     install_error_handlers(app)
     for router in routers:
         app.include_router(router)
+    if direct is not None:
+        app.serve_directly(direct.routes)
     if admin:
         # A route, not a mounted app: `curl :8080/metrics` answers with the metrics, not
         # a 307 to /metrics/ (which answers too, for scrapers configured with it).
