@@ -169,6 +169,14 @@ def rows() -> list[dict[str, Any]]:
         lag = burst["emission_lag_p99_s"]
         row("burst", f"emission lag p99 (p50 {burst['emission_lag_p50_s']:.3f} s, max {burst['emission_lag_max_s']:.3f} s)",
             lag, "", None, "p99 <= 1 s", lag is not None and lag <= 1.0, "s")  # fmt: skip
+        if "receipt_to_filing_p99_s" in burst:  # the lag's cause: the scheduler, or an account's full share
+            row("burst", f"of which held by an account's share of {burst['settings']['account_jobs_in_flight']} jobs in flight",
+                burst["windows_held_by_share"], "windows emitted", burst["windows_emitted"], "(context)", None,
+                "windows")  # fmt: skip
+            row("burst", "emission lag p99 of the windows not held (the scheduler's own)", burst["free_lag_p99_s"],
+                "", None, "(context)", None, "s")  # fmt: skip
+            row("burst", f"receipt-to-filing p99 (p50 {burst['receipt_to_filing_p50_s']:.1f} s), not in the lag",
+                burst["receipt_to_filing_p99_s"], "", None, "(context)", None, "s")  # fmt: skip
         row("burst", f"receipt-to-reply p99 (p50 {burst['receipt_to_reply_p50_s']:.1f} s), the pause included",
             burst["receipt_to_reply_p99_s"], "", None, "(context)", None, "s")  # fmt: skip
         row("burst", f"seconds to post the {burst['messages']:,} messages", burst["posted_s"], "", None, "(context)",

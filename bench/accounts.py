@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import bisect
+import os
 import statistics
 import time
 from collections import Counter
@@ -23,7 +25,7 @@ import asyncpg
 import httpx
 from cryptography.fernet import Fernet
 
-from bench.pipeline import fresh, instant_settings, peak_rss_mb, started_services
+from bench.pipeline import cpu_seconds, fresh, instant_settings, peak_rss_mb, started_services
 from bench.support import add_infra_arguments, bench_main
 from shared.settings import Settings
 from tests.fakes.platforms import running_fakes
@@ -148,7 +150,9 @@ SELECT (SELECT count(*) FROM chat_windows WHERE status = 'closed') AS emitted,
        (SELECT max(extract(epoch FROM closed_at - due_at))::float8 FROM chat_windows WHERE status = 'closed')
            AS emission_lag_max,
        (SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM j.sent_at - o.received_at))
-        FROM operations o JOIN reply_jobs j ON j.id = o.job_id WHERE j.status = 'sent') AS receipt_to_reply
+        FROM operations o JOIN reply_jobs j ON j.id = o.job_id WHERE j.status = 'sent') AS receipt_to_reply,
+       (SELECT percentile_cont(ARRAY[0.5, 0.99]) WITHIN GROUP (ORDER BY extract(epoch FROM e.at - o.received_at))
+        FROM operation_events e JOIN operations o ON o.id = e.operation_id WHERE e.kind = 'filed') AS receipt_to_filing
 """
 
 # The latest windows: when their messages were received and filed, and how many jobs of
@@ -164,6 +168,71 @@ SELECT w.chat_key, w.due_at, w.closed_at, extract(epoch FROM w.closed_at - w.due
           AND r.created_at <= w.due_at AND coalesce(r.sent_at, 'infinity') > w.due_at) AS account_jobs_unfinished_at_due
 FROM chat_windows w WHERE w.status = 'closed' ORDER BY w.closed_at - w.due_at DESC LIMIT 10
 """
+
+
+# Per 10 s since the first message was received: messages received and filed, windows
+# falling due and emitted, jobs taken by the responder (their first attempt) and sent.
+TIMELINE = """
+WITH t0 AS (SELECT min(received_at) AS t FROM operations), at AS (
+    SELECT 'received' AS what, received_at AS at FROM operations
+    UNION ALL SELECT 'filed', at FROM operation_events WHERE kind = 'filed'
+    UNION ALL SELECT 'due', due_at FROM chat_windows WHERE status = 'closed'
+    UNION ALL SELECT 'emitted', closed_at FROM chat_windows WHERE status = 'closed'
+    UNION ALL SELECT 'taken', min(at) FROM operation_events WHERE kind = 'attempt' GROUP BY job_id
+    UNION ALL SELECT 'sent', sent_at FROM reply_jobs WHERE status = 'sent'
+)
+SELECT (floor(extract(epoch FROM at.at - t0.t) / 10) * 10)::int AS t, what, count(*) AS n
+FROM at, t0 GROUP BY 1, 2 ORDER BY 1
+"""
+
+
+def pct(xs: list[float], p: float) -> float | None:
+    return sorted(xs)[min(len(xs) - 1, int(p * len(xs)))] if xs else None
+
+
+async def share_waits(conn: asyncpg.Connection, share: int) -> dict[str, Any]:
+    """The emission lag split by whether the fair share held the window: at its due time
+    its account's unfinished jobs and its windows due before it and still waiting filled
+    the share (``ACCOUNT_JOBS_IN_FLIGHT``; 0: none is held). The lag of the others is the
+    scheduler's own lateness; a held window waits for its account's jobs to finish."""
+    windows = await conn.fetch(
+        "SELECT platform, account_id, due_at, closed_at FROM chat_windows WHERE status = 'closed'"
+    )
+    jobs = await conn.fetch(
+        "SELECT platform, account_id, created_at, coalesce(sent_at, updated_at) AS done FROM reply_jobs"
+    )
+    by: dict[tuple[str, str], dict[str, list[Any]]] = {}
+    for j in jobs:
+        a = by.setdefault(
+            (j["platform"], j["account_id"]), {"created": [], "done": [], "due": [], "closed": []}
+        )
+        a["created"].append(j["created_at"])
+        a["done"].append(j["done"])
+    for w in windows:
+        a = by.setdefault(
+            (w["platform"], w["account_id"]), {"created": [], "done": [], "due": [], "closed": []}
+        )
+        a["due"].append(w["due_at"])
+        a["closed"].append(w["closed_at"])
+    for a in by.values():
+        for k in a:
+            a[k].sort()
+    held: list[float] = []
+    free: list[float] = []
+    for w in windows:
+        a, t = by[(w["platform"], w["account_id"])], w["due_at"]
+        unfinished = bisect.bisect_right(a["created"], t) - bisect.bisect_right(a["done"], t)
+        waiting = bisect.bisect_left(a["due"], t) - bisect.bisect_right(a["closed"], t)
+        lag = (w["closed_at"] - t).total_seconds()
+        (held if share and unfinished + waiting >= share else free).append(lag)
+    return {
+        "windows_held_by_share": len(held),
+        "held_lag_p50_s": pct(held, 0.5),
+        "held_lag_max_s": max(held, default=None),
+        "free_lag_p50_s": pct(free, 0.5),
+        "free_lag_p99_s": pct(free, 0.99),
+        "free_lag_max_s": max(free, default=None),
+    }
 
 
 async def run_with(
@@ -183,6 +252,8 @@ async def run_with(
             async with httpx.AsyncClient(base_url=receiver.url, timeout=30) as client:
                 add_ms = await add_accounts(client, args.accounts)
             added_s = time.monotonic() - started
+            pids = {name: p.proc.pid for name, p in procs.items() if p.proc}
+            cpu_before, load_before = cpu_seconds(pids), os.getloadavg()[0]
             load_started = time.monotonic()
             await post_bursts(receiver.url, args.accounts, args.chats, args.burst)
             posted_s = time.monotonic() - load_started
@@ -196,6 +267,10 @@ async def run_with(
             # Then until nothing is left that could answer again.
             quiet = await settled(conn, quiet_for=5, within=max(deadline - time.monotonic(), 0) + delay_max)
             settled_s = time.monotonic() - load_started
+            # CPU seconds while the load ran (Postgres and RabbitMQ: all of the machine's, other
+            # sessions' too) and the load average before and after: a shared machine says so.
+            cpu = {k: v - cpu_before[k] for k, v in cpu_seconds(pids).items()}
+            load_after = os.getloadavg()[0]
             rss = {name: peak_rss_mb(p.proc.pid) for name, p in procs.items() if p.proc}
             rows = await conn.fetch(
                 """
@@ -209,6 +284,10 @@ async def run_with(
             latencies = await conn.fetchrow(LATENCIES)
             assert latencies is not None
             latest = await conn.fetch(LATEST)
+            timeline: dict[int, dict[str, int]] = {}
+            for r in await conn.fetch(TIMELINE):
+                timeline.setdefault(r["t"], {})[r["what"]] = r["n"]
+            waits = await share_waits(conn, settings.account_jobs_in_flight)
             # Per chat: how far apart the receiver stored its burst's messages. A burst the
             # buyer sent at once but the receiver stored further apart than the quiet time
             # is two bursts by the rule (a pause of QUIET_SECONDS ends a burst), so its two
@@ -253,6 +332,7 @@ async def run_with(
     worst = p99s[-1] if p99s else None
     lag = latencies["emission_lag"] or [None, None]
     r2r = latencies["receipt_to_reply"] or [None, None]
+    r2f = latencies["receipt_to_filing"] or [None, None]
     return {
         "accounts": args.accounts,
         "chats": chats,
@@ -285,7 +365,15 @@ async def run_with(
         "emission_lag_max_s": latencies["emission_lag_max"],
         "receipt_to_reply_p50_s": r2r[0],
         "receipt_to_reply_p99_s": r2r[1],
+        # How far the coalescer's filing ran behind the receiver (a window then waits the
+        # quiet time from its filing, so this delay is not in the emission lag).
+        "receipt_to_filing_p50_s": r2f[0],
+        "receipt_to_filing_p99_s": r2f[1],
+        **waits,
         "peak_rss_mb": rss,
+        "cpu_seconds_during_load": cpu,
+        "load_average_before_after": [load_before, load_after],
+        "timeline_10s": timeline,
         "latest_windows": [dict(r) for r in latest],
         "answered_twice_detail": [dict(r) for r in twice],
     }
