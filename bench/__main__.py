@@ -170,7 +170,7 @@ def rows() -> list[dict[str, Any]]:
         row("burst", f"emission lag p99 (p50 {burst['emission_lag_p50_s']:.3f} s, max {burst['emission_lag_max_s']:.3f} s)",
             lag, "", None, "p99 <= 1 s", lag is not None and lag <= 1.0, "s")  # fmt: skip
         if "receipt_to_filing_p99_s" in burst:  # the lag's cause: the scheduler, or an account's full share
-            row("burst", f"of which held by an account's share of {burst['settings']['account_jobs_in_flight']} jobs in flight",
+            row("burst", f"windows due while their account had {burst['settings']['account_jobs_in_flight']} jobs unfinished (held)",
                 burst["windows_held_by_share"], "windows emitted", burst["windows_emitted"], "(context)", None,
                 "windows")  # fmt: skip
             row("burst", "emission lag p99 of the windows not held (the scheduler's own)", burst["free_lag_p99_s"],
