@@ -204,15 +204,25 @@ async def fresh(args: argparse.Namespace) -> AsyncIterator[tuple[str, str]]:
 # ---- chatqueue ---------------------------------------------------------------------------
 
 
-def instant_settings(db_url: str, amqp_url: str, world: FakeWorld, **overrides: Any) -> Settings:
-    """chatqueue on the fake Telegram with no debounce, no human-like delay, no pacing and
-    the facts responder: every cost left is the pipeline's own."""
+def fake_platform_settings(db_url: str, amqp_url: str, world: FakeWorld, **overrides: Any) -> Settings:
+    """chatqueue on the fake Telegram, every other setting the product's default (the
+    reply pause, pacing, polls, concurrency, fair share): what a seller runs."""
     values: dict[str, Any] = {
         "database_url": db_url,
         "amqp_url": amqp_url,
         "telegram_webhook_secret": SECRET,
         "telegram_bot_token": "4242:bench",
         "telegram_api_base": world.url,
+        "sandbox_enabled": False,
+        "log_level": "WARNING",
+    }
+    return Settings(**{**values, **overrides})
+
+
+def instant_settings(db_url: str, amqp_url: str, world: FakeWorld, **overrides: Any) -> Settings:
+    """chatqueue on the fake Telegram with no debounce, no human-like delay, no pacing and
+    the facts responder: every cost left is the pipeline's own."""
+    instant: dict[str, Any] = {
         "quiet_seconds": 0,
         "reply_delay_min_seconds": 0,
         "reply_delay_max_seconds": 0,
@@ -220,10 +230,8 @@ def instant_settings(db_url: str, amqp_url: str, world: FakeWorld, **overrides: 
         "coalescer_poll_seconds": 0.05,
         "relay_poll_seconds": 0.2,
         "platform_rate_per_second": 100000,
-        "sandbox_enabled": False,
-        "log_level": "WARNING",
     }
-    return Settings(**{**values, **overrides})
+    return fake_platform_settings(db_url, amqp_url, world, **{**instant, **overrides})
 
 
 async def started_services(settings: Settings) -> dict[str, Receiver | Worker]:
