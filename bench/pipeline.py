@@ -27,6 +27,7 @@ import time
 from collections.abc import AsyncIterator
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import asyncpg
 import httpx
@@ -42,19 +43,21 @@ from tests.support.processes import Receiver, Worker, free_port
 WRK_SCRIPT = telegram_script(chat="id", text="Is it still available?")
 
 
-def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
-    """CPU seconds (user + system) used so far by the system's own processes (``pids``),
-    by Postgres and by RabbitMQ (all their processes), and by the harness (this process,
-    which serves the fake platform, and wrk)."""
+def cpu_seconds(pids: dict[str, int], database: str | None = None) -> dict[int, tuple[str, float]]:
+    """CPU seconds (user + system) used so far by each process that counts, with its part:
+    the system's own processes (``pids``, by name), Postgres (the server's own processes and
+    the backends connected to ``database``: another session's work on the same server is
+    not this system's), RabbitMQ (all its processes) and the harness (this process, which
+    serves the fake platform, and wrk)."""
     tick = os.sysconf("SC_CLK_TCK")
-    out = {"services": 0.0, "postgres": 0.0, "rabbitmq": 0.0, "harness": 0.0}
-    out.update({name: 0.0 for name in pids})
     own = {pid: name for name, pid in pids.items()}
+    out: dict[int, tuple[str, float]] = {}
     for entry in Path("/proc").iterdir():
         if not entry.name.isdigit():
             continue
         try:
             stat = (entry / "stat").read_text()
+            cmdline = (entry / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
         except OSError:
             continue
         comm = stat[stat.index("(") + 1 : stat.rindex(")")]
@@ -62,15 +65,38 @@ def cpu_seconds(pids: dict[str, int]) -> dict[str, float]:
         used = (int(fields[11]) + int(fields[12])) / tick
         pid = int(entry.name)
         if pid in own:
-            out["services"] += used
-            out[own[pid]] += used
+            out[pid] = (own[pid], used)
         elif comm == "postgres":
-            out["postgres"] += used
+            # A backend's title names its database and client ("... db 127.0.0.1(5432) ...");
+            # the server's own processes (checkpointer, WAL writer, ...) name neither.
+            client = "(" in cmdline or "[local]" in cmdline
+            if database is None or not client or f" {database} " in cmdline:
+                out[pid] = ("postgres", used)
         elif comm.startswith(("beam", "erl_child")):
-            out["rabbitmq"] += used
+            out[pid] = ("rabbitmq", used)
         elif pid == os.getpid() or comm == "wrk":
-            out["harness"] += used
+            out[pid] = ("harness", used)
     return out
+
+
+def cpu_used(
+    before: dict[int, tuple[str, float]], after: dict[int, tuple[str, float]], pids: dict[str, int]
+) -> dict[str, float]:
+    """CPU seconds each part used between two readings: per process, so a process that
+    exits meanwhile drops out (uncounted) instead of making its part's sum go down, and
+    one that started meanwhile counts from zero."""
+    out = {"services": 0.0, "postgres": 0.0, "rabbitmq": 0.0, "harness": 0.0}
+    out.update({name: 0.0 for name in pids})
+    for pid, (part, used) in after.items():
+        spent = used - before.get(pid, (part, 0.0))[1]
+        if part in pids:
+            out["services"] += spent
+        out[part] += spent
+    return out
+
+
+def database_of(db_url: str) -> str:
+    return urlsplit(db_url).path.lstrip("/")
 
 
 def peak_rss_mb(pid: int) -> float:
@@ -108,9 +134,10 @@ async def load(
     connections: int | None = None,
     pids: dict[str, int] | None = None,
     seconds: int | None = None,
+    database: str | None = None,
 ) -> dict[str, Any]:
     before = len(world.telegram)
-    cpu_before = cpu_seconds(pids or {})
+    cpu_before = cpu_seconds(pids or {}, database)
     started = time.monotonic()
     result = await asyncio.to_thread(
         wrk, url, lua, connections or args.connections, seconds if seconds is not None else args.seconds
@@ -119,10 +146,10 @@ async def load(
     accepted = result["requests"] - result["non_2xx"]
     done = await replies_done(world, before + accepted, started=started, within=args.drain_seconds)
     replies = len(world.telegram) - before
-    cpu_after = cpu_seconds(pids or {})
+    used = cpu_used(cpu_before, cpu_seconds(pids or {}, database), pids or {})
     # CPU per reply, from the start of the load to the last reply: what one message costs
     # the machine in each part (a process that exits meanwhile is not counted).
-    cpu_ms = {k: 1000 * (cpu_after[k] - cpu_before[k]) / max(replies, 1) for k in cpu_before}
+    cpu_ms = {k: 1000 * v / max(replies, 1) for k, v in used.items()}
     return {
         "accepted": accepted,
         "intake_rps": result["rps"],
@@ -147,7 +174,15 @@ async def warm_up(
     warm-up's own figures (the cold start), or None with no warm-up."""
     if args.warmup_seconds <= 0:
         return None
-    cold = await load(url, world, args, lua_file(WRK_SCRIPT), pids=pids, seconds=args.warmup_seconds)
+    cold = await load(
+        url,
+        world,
+        args,
+        lua_file(WRK_SCRIPT),
+        pids=pids,
+        seconds=args.warmup_seconds,
+        database=database_of(db_url),
+    )
     conn = await asyncpg.connect(db_url)
     try:
         await conn.execute("ANALYZE")
@@ -169,15 +204,25 @@ async def fresh(args: argparse.Namespace) -> AsyncIterator[tuple[str, str]]:
 # ---- chatqueue ---------------------------------------------------------------------------
 
 
-def instant_settings(db_url: str, amqp_url: str, world: FakeWorld, **overrides: Any) -> Settings:
-    """chatqueue on the fake Telegram with no debounce, no human-like delay, no pacing and
-    the facts responder: every cost left is the pipeline's own."""
+def fake_platform_settings(db_url: str, amqp_url: str, world: FakeWorld, **overrides: Any) -> Settings:
+    """chatqueue on the fake Telegram, every other setting the product's default (the
+    reply pause, pacing, polls, concurrency, fair share): what a seller runs."""
     values: dict[str, Any] = {
         "database_url": db_url,
         "amqp_url": amqp_url,
         "telegram_webhook_secret": SECRET,
         "telegram_bot_token": "4242:bench",
         "telegram_api_base": world.url,
+        "sandbox_enabled": False,
+        "log_level": "WARNING",
+    }
+    return Settings(**{**values, **overrides})
+
+
+def instant_settings(db_url: str, amqp_url: str, world: FakeWorld, **overrides: Any) -> Settings:
+    """chatqueue on the fake Telegram with no debounce, no human-like delay, no pacing and
+    the facts responder: every cost left is the pipeline's own."""
+    instant: dict[str, Any] = {
         "quiet_seconds": 0,
         "reply_delay_min_seconds": 0,
         "reply_delay_max_seconds": 0,
@@ -185,10 +230,8 @@ def instant_settings(db_url: str, amqp_url: str, world: FakeWorld, **overrides: 
         "coalescer_poll_seconds": 0.05,
         "relay_poll_seconds": 0.2,
         "platform_rate_per_second": 100000,
-        "sandbox_enabled": False,
-        "log_level": "WARNING",
     }
-    return Settings(**{**values, **overrides})
+    return fake_platform_settings(db_url, amqp_url, world, **{**instant, **overrides})
 
 
 async def started_services(settings: Settings) -> dict[str, Receiver | Worker]:
@@ -245,7 +288,14 @@ async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any
         try:
             pids = {name: p.proc.pid for name, p in procs.items() if p.proc}
             cold = await warm_up(procs["receiver"].url, db_url, world, args, pids)
-            saturated = await load(procs["receiver"].url, world, args, lua_file(WRK_SCRIPT), pids=pids)
+            saturated = await load(
+                procs["receiver"].url,
+                world,
+                args,
+                lua_file(WRK_SCRIPT),
+                pids=pids,
+                database=database_of(db_url),
+            )
             # Latency at half the sustained rate (paced: each connection waits between requests).
             rate = max(saturated["throughput"] / 2, 1)
             paced_conns = 4
@@ -352,7 +402,9 @@ async def peer(kind: str, args: argparse.Namespace, world: FakeWorld) -> dict[st
             await asyncio.sleep(2)  # let the worker attach to its queue or table
             pids = {n: p.pid for n, p in procs.items()}
             cold = await warm_up(url, db_url, world, args, pids)
-            result = await load(url, world, args, lua_file(WRK_SCRIPT), pids=pids)
+            result = await load(
+                url, world, args, lua_file(WRK_SCRIPT), pids=pids, database=database_of(db_url)
+            )
             result["cold"] = cold
             result["peak_rss_mb"] = {name: peak_rss_mb(p.pid) for name, p in procs.items()}
             return result

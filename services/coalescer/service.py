@@ -27,6 +27,7 @@ from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.consumer import Reject
 from shared.faults import fault_point
+from shared.ids import derived_id, new_id
 from shared.messages import InboundMessage, JobCaps, JobMessage, ReplyJob
 
 from .stores import Filing, PgWindowStore, Refused, WindowSession, WindowStore
@@ -55,7 +56,7 @@ JOB_NAMESPACE = uuid.UUID("6f1d3c2e-8a43-4e0b-9f55-3c1a2b7d9e10")
 
 
 def job_id_for(window_id: uuid.UUID) -> uuid.UUID:
-    return uuid.uuid5(JOB_NAMESPACE, str(window_id))
+    return derived_id(window_id, JOB_NAMESPACE)
 
 
 def _parse(message: AbstractIncomingMessage) -> InboundMessage:
@@ -200,7 +201,7 @@ class Coalescer:
                 window_id, before = windows.get(m.chat_key, (chat.window_id, chat.window))
                 window = self._moved_on(before, m, chat.now)
                 opened = window_id is None
-                window_id = uuid.uuid4() if window_id is None else window_id
+                window_id = new_id() if window_id is None else window_id
                 windows[m.chat_key] = (window_id, window)
                 filings.append(Filing(window_id, m, window, opened=opened))
                 results.append(Filed(window_id, window.due_at, opened=opened))
@@ -296,7 +297,7 @@ class Coalescer:
                 logger.info("closed %d empty window(s) without a job", len(empty))
             # A window past the cap keeps the rest of its messages and stays open (blocked
             # by this job); the part answered now gets a closed window of its own.
-            parts = {w.id: uuid.uuid4() if w.id in overflow else w.id for w in due}
+            parts = {w.id: new_id() if w.id in overflow else w.id for w in due}
             jobs = [
                 ReplyJob(
                     job_id=job_id_for(parts[w.id]),

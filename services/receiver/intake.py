@@ -26,6 +26,7 @@ from prometheus_client import Counter
 
 from shared import metrics
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
+from shared.ids import new_id
 
 from .errors import ApiError
 
@@ -273,7 +274,7 @@ async def store(
     try:
         row = await pool.fetchrow(
             _STORE_SQL,
-            uuid.uuid4(),
+            new_id(),
             intake.platform,
             intake.account_id,
             intake.event_id,
@@ -328,7 +329,7 @@ class IntakeBatcher:
         if self.max_rows <= 1 or intake.written_by_seller or intake.is_edit:
             return await store(self.pool, intake, hold_seconds=hold_seconds)
         future: asyncio.Future[Stored | None] = asyncio.get_running_loop().create_future()
-        self._waiting.append((intake, uuid.uuid4(), future))
+        self._waiting.append((intake, new_id(), future))
         if len(self._waiting) >= self.max_rows:
             self._flush()
         elif self._timer is None:
@@ -410,7 +411,7 @@ async def _store_seller(pool: asyncpg.Pool, intake: Intake, hold_seconds: float)
     try:
         row = await pool.fetchrow(
             _STORE_SELLER_SQL,
-            uuid.uuid4(),
+            new_id(),
             intake.platform,
             intake.account_id,
             intake.event_id,
