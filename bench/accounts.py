@@ -25,7 +25,15 @@ import asyncpg
 import httpx
 from cryptography.fernet import Fernet
 
-from bench.pipeline import cpu_seconds, fresh, instant_settings, peak_rss_mb, started_services
+from bench.pipeline import (
+    cpu_seconds,
+    cpu_used,
+    database_of,
+    fresh,
+    instant_settings,
+    peak_rss_mb,
+    started_services,
+)
 from bench.support import add_infra_arguments, bench_main
 from shared.settings import Settings
 from tests.fakes.platforms import running_fakes
@@ -242,7 +250,7 @@ async def run_with(
     delay_min, delay_max = pause(args)
     async with running_fakes() as world, fresh(args) as (db_url, amqp_url):
         settings = base(db_url, amqp_url, world, admin_token=ADMIN_TOKEN,
-                        secrets_key=Fernet.generate_key().decode(), **overrides)  # fmt: skip
+                        secrets_key=Fernet.generate_key().decode(), **{**overrides, **dict(args.setting)})  # fmt: skip
         procs = await started_services(settings)
         receiver = procs["receiver"]
         assert isinstance(receiver, Receiver)
@@ -253,7 +261,7 @@ async def run_with(
                 add_ms = await add_accounts(client, args.accounts)
             added_s = time.monotonic() - started
             pids = {name: p.proc.pid for name, p in procs.items() if p.proc}
-            cpu_before, load_before = cpu_seconds(pids), os.getloadavg()[0]
+            cpu_before, load_before = cpu_seconds(pids, database_of(db_url)), os.getloadavg()[0]
             load_started = time.monotonic()
             await post_bursts(receiver.url, args.accounts, args.chats, args.burst)
             posted_s = time.monotonic() - load_started
@@ -269,7 +277,7 @@ async def run_with(
             settled_s = time.monotonic() - load_started
             # CPU seconds while the load ran (Postgres and RabbitMQ: all of the machine's, other
             # sessions' too) and the load average before and after: a shared machine says so.
-            cpu = {k: v - cpu_before[k] for k, v in cpu_seconds(pids).items()}
+            cpu = cpu_used(cpu_before, cpu_seconds(pids, database_of(db_url)), pids)
             load_after = os.getloadavg()[0]
             rss = {name: peak_rss_mb(p.proc.pid) for name, p in procs.items() if p.proc}
             rows = await conn.fetch(
@@ -410,6 +418,14 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delay-min", type=float, help="shortest reply delay (default: --quiet)")
     p.add_argument("--delay-max", type=float, help="longest reply delay (default: twice --quiet)")
     p.add_argument("--within", type=float, default=600, help="give up waiting for the answers after this")
+    p.add_argument(
+        "--setting",
+        type=lambda v: tuple(v.split("=", 1)),
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of the services for this run (e.g. responder_concurrency=32), repeatable",
+    )
 
 
 if __name__ == "__main__":
