@@ -103,6 +103,11 @@ class ReceiverApp(FastAPI):
     def _build_direct_stack(self) -> ASGIApp:
         """FastAPI's middleware stack (``build_middleware_stack``) less what a webhook
         does not use; the same order, the same handlers."""
+        if self.middleware_stack is None:
+            # FastAPI's own, built now from the same middleware and handlers: once it has
+            # answered a webhook the app has started, and refuses ``add_middleware`` (else
+            # what is added later would run on every request but the webhooks).
+            self.middleware_stack = self.build_middleware_stack()
         error_handler = None
         handlers: dict[Any, Any] = {}
         for key, value in self.exception_handlers.items():

@@ -21,6 +21,7 @@ from prometheus_client import REGISTRY
 from services.receiver.app import create_app
 from services.receiver.direct import ReceiverApp
 from services.receiver.intake import Intake, Stored
+from services.receiver.limits import BodySizeLimit
 from shared.accounts import Account, path_key
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET
@@ -350,3 +351,17 @@ def test_a_route_that_needs_fastapi_to_parse_something_cannot_be_served_directly
     app.include_router(router)
     with pytest.raises(ValueError, match="nothing else"):
         app.serve_directly(router.routes)
+
+
+async def test_middleware_added_after_webhooks_were_answered_is_refused_as_fastapi_refuses_it(
+    caplog: pytest.LogCaptureFixture,
+) -> None:
+    """FastAPI builds its stack on the first request and then refuses ``add_middleware``; an
+    app that has answered only webhooks must refuse it too, or the new middleware would run
+    on every request but the webhooks."""
+    app, _ = receiver_app()
+    headers, chunks = one(telegram, TG)()
+    answered = await answer(app, "POST", "/v1/webhooks/telegram", headers, chunks, caplog)
+    assert answered.messages[0]["status"] == 200
+    with pytest.raises(RuntimeError, match="after an application has started"):
+        app.add_middleware(BodySizeLimit, max_bytes=1)
