@@ -20,30 +20,39 @@ from __future__ import annotations
 import inspect
 import re
 from collections.abc import Awaitable, Callable, Sequence
-from typing import Any
+from typing import Any, cast
 
 from fastapi import FastAPI
-from fastapi.routing import APIRoute
+from fastapi.dependencies.utils import get_typed_return_annotation
+from fastapi.routing import APIRoute, RouteContext, iter_route_contexts
 from starlette._utils import get_route_path
-from starlette.convertors import Convertor
+from starlette.convertors import Convertor, PathConvertor, StringConvertor
 from starlette.middleware import Middleware
 from starlette.middleware.errors import ServerErrorMiddleware
 from starlette.middleware.exceptions import ExceptionMiddleware
 from starlette.requests import Request
 from starlette.responses import Response
+from starlette.routing import WebSocketRoute
 from starlette.types import ASGIApp, Receive, Scope, Send
 
 
 class _DirectRoute:
-    """A webhook route as the direct path runs it: its own pattern and endpoint."""
+    """A webhook route as the direct path runs it: as the app includes it (the include's
+    prefix, dependencies and body limit), its pattern and its endpoint."""
 
-    def __init__(self, route: APIRoute) -> None:
-        dependant = route.dependant
-        takes = {f.name: f.field_info.annotation for f in dependant.path_params}
+    def __init__(self, route: RouteContext) -> None:
+        dependant = route.dependant  # the included route's: with the include's dependencies
+        params = dependant.path_params
+        convertors: dict[str, Convertor[Any]] = route.param_convertors
         if (
             not inspect.iscoroutinefunction(route.endpoint)
+            or not _returns_a_response(route.endpoint)
             or dependant.request_param_name != "request"
-            or any(t is not str for t in takes.values())
+            # Each of the path's parameters passed as it is, as text, under its own name.
+            or {f.name for f in params} != set(convertors)
+            or any(f.alias != f.name or f.field_info.annotation is not str for f in params)
+            or any(f.field_info.metadata for f in params)  # a length, a pattern, a validator
+            or any(type(c) not in (StringConvertor, PathConvertor) for c in convertors.values())
             or dependant.query_params
             or dependant.header_params
             or dependant.cookie_params
@@ -52,16 +61,38 @@ class _DirectRoute:
             or route.dependencies
             or dependant.response_param_name
             or dependant.background_tasks_param_name
+            or route.max_body_size is not None
         ):
-            # FastAPI would parse, validate or inject these; the direct path does not.
+            # FastAPI would parse, validate, inject, limit or serialise these; the direct path does not.
             raise ValueError(
                 f"{route.path}: a route served directly is a coroutine taking its path's text "
-                "parameters and the request, nothing else"
+                "parameters and the request, nothing else, returning a response, under no body limit"
             )
-        self.route = route
+        self.route = route.original_route
+        self.template = cast(str, route.path_format)  # an APIRoute's: always there
         self.regex: re.Pattern[str] = route.path_regex
-        self.convertors: dict[str, Convertor[Any]] = route.param_convertors
+        self.convertors = convertors
         self.endpoint: Callable[..., Awaitable[Response]] = route.endpoint
+
+
+def _returns_a_response(endpoint: Any) -> bool:
+    """A response is sent as it is; anything else FastAPI would serialise."""
+    returns = get_typed_return_annotation(endpoint)
+    return inspect.isclass(returns) and issubclass(returns, Response)
+
+
+def _may_answer_first(first: RouteContext, template: str) -> bool:
+    """Whether ``first``, which FastAPI tries before the route of this path ``template``,
+    could answer a POST to one of its paths. Two path templates share a path only if the
+    text before the first parameter of one begins the other's."""
+    if isinstance(first.original_route, WebSocketRoute):
+        return False
+    if first.methods is not None and "POST" not in first.methods:
+        return False  # at most a partial match: FastAPI goes on to the route that takes POST
+    if first.path_format is None:
+        return True  # a Host, or a route of another shape: it may take any path
+    ours, theirs = template.split("{", 1)[0], first.path_format.split("{", 1)[0]
+    return ours.startswith(theirs) or theirs.startswith(ours)
 
 
 class ReceiverApp(FastAPI):
@@ -74,11 +105,26 @@ class ReceiverApp(FastAPI):
         self._direct_stack: ASGIApp | None = None
 
     def serve_directly(self, routes: Sequence[Any]) -> None:
-        """Answer POSTs to these routes directly: routes this app includes without a
-        prefix, that no route included before them takes."""
-        for route in routes:
-            if isinstance(route, APIRoute) and route.methods == {"POST"}:
-                self._direct_routes.append(_DirectRoute(route))
+        """Answer POSTs to these routes directly, as this app includes them. Refuses
+        (ValueError) what the direct path would answer otherwise than FastAPI: a route this
+        app does not include, one that a route FastAPI tries first may take, one that needs
+        FastAPI to parse, validate or limit something (``_DirectRoute``)."""
+        if self.max_body_size is not None:
+            raise ValueError("the app's max_body_size is FastAPI middleware, which the direct path skips")
+        pending = {id(r) for r in routes if isinstance(r, APIRoute) and r.methods == {"POST"}}
+        first: list[RouteContext] = []  # the other routes, in the order FastAPI tries them
+        for context in iter_route_contexts(self.router.routes):
+            if id(context.original_route) not in pending:
+                first.append(context)
+                continue
+            pending.discard(id(context.original_route))
+            direct = _DirectRoute(context)
+            for other in first:
+                if _may_answer_first(other, direct.template):
+                    raise ValueError(f"{context.path}: {other.path}, before it, may answer its POSTs")
+            self._direct_routes.append(direct)
+        if pending:
+            raise ValueError("a route served directly must be one this app includes")
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] == "http" and scope["method"] == "POST" and self._direct_routes:

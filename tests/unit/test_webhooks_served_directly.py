@@ -11,10 +11,10 @@ import uuid
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass, field
 from types import SimpleNamespace
-from typing import Any
+from typing import Annotated, Any
 
 import pytest
-from fastapi import APIRouter, FastAPI, Header, Request
+from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Request
 from fastapi.responses import JSONResponse
 from prometheus_client import REGISTRY
 
@@ -365,3 +365,99 @@ async def test_middleware_added_after_webhooks_were_answered_is_refused_as_fasta
     assert answered.messages[0]["status"] == 200
     with pytest.raises(RuntimeError, match="after an application has started"):
         app.add_middleware(BodySizeLimit, max_bytes=1)
+
+
+def _deny() -> None:
+    raise HTTPException(403, "denied")
+
+
+async def _hook(x: str, request: Request) -> JSONResponse:
+    return JSONResponse({"x": x})
+
+
+async def _hook_limited(x: Annotated[str, Path(max_length=3)], request: Request) -> JSONResponse:
+    return JSONResponse({"x": x})
+
+
+async def _hook_aliased(request: Request, y: Annotated[str, Path(alias="x")]) -> JSONResponse:
+    return JSONResponse({"x": y})
+
+
+async def _hook_returning_data(x: str, request: Request) -> dict[str, str]:
+    return {"x": x}
+
+
+@dataclass(frozen=True)
+class Build:
+    name: str
+    path: str
+    endpoint: Callable[..., Any] = _hook
+    template: str = "/hook/{x}"
+    route: dict[str, Any] = field(default_factory=dict)
+    include: dict[str, Any] | None = field(default_factory=dict)
+    app: dict[str, Any] = field(default_factory=dict)
+    earlier: str | None = None
+    served: bool = False
+
+    def __call__(self) -> tuple[ReceiverApp, APIRouter]:
+        router = APIRouter()
+        router.add_api_route(self.template, self.endpoint, methods=["POST"], **self.route)
+        app = ReceiverApp(**self.app)
+        if self.earlier is not None:
+            first = APIRouter()
+
+            @first.post(self.earlier)
+            async def earlier() -> dict[str, bool]:
+                return {"earlier": True}
+
+            app.include_router(first)
+        if self.include is not None:
+            app.include_router(router, **self.include)
+        return app, router
+
+
+BUILDS = [
+    Build("a route as it is", "/hook/abc", served=True),
+    Build(
+        "a route included with a prefix, asked without it", "/hook/abc", include={"prefix": "/p"}, served=True
+    ),
+    Build(
+        "a route included with a prefix, asked with it", "/p/hook/abc", include={"prefix": "/p"}, served=True
+    ),
+    Build("a route included with a dependency", "/hook/abc", include={"dependencies": [Depends(_deny)]}),
+    Build("a route of an app with a dependency", "/hook/abc", app={"dependencies": [Depends(_deny)]}),
+    Build("a route included with a body limit", "/hook/abc", include={"max_body_size": 1}),
+    Build("a route with a body limit of its own", "/hook/abc", route={"max_body_size": 1}),
+    Build("a route of an app with a body limit", "/hook/abc", app={"max_body_size": 1}),
+    Build("a route whose parameter has a length limit", "/hook/abcdef", endpoint=_hook_limited),
+    Build("a route whose parameter has an alias", "/hook/abc", endpoint=_hook_aliased),
+    Build("a route whose text parameter the path converts to a number", "/hook/12", template="/hook/{x:int}"),
+    Build("a route whose endpoint returns data, not a response", "/hook/abc", endpoint=_hook_returning_data),
+    Build("a route that a route included before it takes", "/hook/special", earlier="/hook/special"),
+    Build("a route that a catch-all route included before it takes", "/hook/abc", earlier="/{anything:path}"),
+    Build("a route this app does not include", "/hook/abc", include=None),
+]
+
+
+@pytest.mark.parametrize("build", BUILDS, ids=[b.name for b in BUILDS])
+async def test_a_route_is_served_directly_only_where_fastapi_would_give_the_same_answer(
+    build: Build, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Either ``serve_directly`` refuses the route, or a POST to it is answered directly
+    exactly as FastAPI answers it."""
+    app, router = build()
+    if not build.served:
+        with pytest.raises(ValueError):
+            app.serve_directly(router.routes)
+        return
+    app.serve_directly(router.routes)
+    assert app._direct_routes
+    headers, chunks = one(b"{}", JSON)()
+
+    async def through_fastapi(scope: Any, receive: Any, send: Any) -> None:
+        await FastAPI.__call__(app, scope, receive, send)
+
+    framework, direct = [
+        await answer(call, "POST", build.path, headers, chunks, caplog) for call in (through_fastapi, app)
+    ]
+    assert direct == framework
