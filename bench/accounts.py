@@ -275,8 +275,9 @@ async def run_with(
             # Then until nothing is left that could answer again.
             quiet = await settled(conn, quiet_for=5, within=max(deadline - time.monotonic(), 0) + delay_max)
             settled_s = time.monotonic() - load_started
-            # CPU seconds while the load ran (Postgres and RabbitMQ: all of the machine's, other
-            # sessions' too) and the load average before and after: a shared machine says so.
+            # CPU seconds while the load ran (Postgres: the server's own processes and this
+            # bench's backends; RabbitMQ: all of it, other sessions' too) and the load
+            # average before and after: a shared machine says so.
             cpu = cpu_used(cpu_before, cpu_seconds(pids, database_of(db_url)), pids)
             load_after = os.getloadavg()[0]
             rss = {name: peak_rss_mb(p.proc.pid) for name, p in procs.items() if p.proc}
