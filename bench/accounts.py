@@ -34,7 +34,7 @@ from bench.pipeline import (
     peak_rss_mb,
     started_services,
 )
-from bench.support import add_infra_arguments, bench_main
+from bench.support import add_infra_arguments, add_setting_argument, bench_main
 from shared.settings import Settings
 from tests.fakes.platforms import running_fakes
 from tests.support.processes import Receiver
@@ -419,14 +419,7 @@ def arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--delay-min", type=float, help="shortest reply delay (default: --quiet)")
     p.add_argument("--delay-max", type=float, help="longest reply delay (default: twice --quiet)")
     p.add_argument("--within", type=float, default=600, help="give up waiting for the answers after this")
-    p.add_argument(
-        "--setting",
-        type=lambda v: tuple(v.split("=", 1)),
-        action="append",
-        default=[],
-        metavar="NAME=VALUE",
-        help="a setting of the services for this run (e.g. responder_concurrency=32), repeatable",
-    )
+    add_setting_argument(p)
 
 
 if __name__ == "__main__":

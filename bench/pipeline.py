@@ -34,7 +34,14 @@ import httpx
 
 from bench.intake import ROOT, SECRET, lua_file, telegram_script, wrk
 from bench.peers import POLLING_SCHEMA
-from bench.support import add_infra_arguments, bench_main, drop_database, fresh_database, private_vhost
+from bench.support import (
+    add_infra_arguments,
+    add_setting_argument,
+    bench_main,
+    drop_database,
+    fresh_database,
+    private_vhost,
+)
 from shared.settings import Settings
 from tests.fakes.platforms import FakeWorld, running_fakes
 from tests.support.processes import Receiver, Worker, free_port
@@ -283,7 +290,7 @@ async def row_writes(conn: asyncpg.Connection) -> dict[str, Any]:
 
 async def chatqueue(args: argparse.Namespace, world: FakeWorld) -> dict[str, Any]:
     async with fresh(args) as (db_url, amqp_url):
-        settings = instant_settings(db_url, amqp_url, world)
+        settings = instant_settings(db_url, amqp_url, world, **dict(args.setting))
         procs = await started_services(settings)
         try:
             pids = {name: p.proc.pid for name, p in procs.items() if p.proc}
@@ -447,6 +454,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--warmup-seconds", type=int, default=5)
     p.add_argument("--drain-seconds", type=float, default=240)
     p.add_argument("--systems", nargs="+", default=["chatqueue", "celery", "polling"])
+    add_setting_argument(p)
     add_infra_arguments(p)
 
 

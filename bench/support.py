@@ -74,6 +74,18 @@ def add_infra_arguments(parser: argparse.ArgumentParser) -> None:
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def add_setting_argument(parser: argparse.ArgumentParser) -> None:
+    """``--setting NAME=VALUE``: a setting of chatqueue's services for the run, repeatable."""
+    parser.add_argument(
+        "--setting",
+        type=lambda v: tuple(v.split("=", 1)),
+        action="append",
+        default=[],
+        metavar="NAME=VALUE",
+        help="a setting of chatqueue's services for this run (e.g. responder_concurrency=32), repeatable",
+    )
+
+
 def bench_main(
     doc: str | None,
     add_arguments: Callable[[argparse.ArgumentParser], None],

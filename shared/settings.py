@@ -7,6 +7,7 @@ Nothing else in the code base reads the environment.
 from __future__ import annotations
 
 import ipaddress
+import math
 from typing import Literal
 from urllib.parse import unquote, urlsplit
 
@@ -40,6 +41,14 @@ JOB_BOOKKEEPING_SECONDS = 5.0
 #: Every process (receiver, coalescer, responder) holds one Postgres connection outside its
 #: pool, listening for account changes (``shared.accounts.AccountRegistry``).
 ACCOUNTS_LISTEN_CONNECTIONS = 1
+
+#: An account alone (no other account with a window due or a reply unfinished) may keep
+#: as many replies unfinished as its platform's pace sends in this time, between its share
+#: (ACCOUNT_JOBS_IN_FLIGHT) and four times it: the share's own time at the default pace
+#: (16 at 20/s), so another account's first window waits no longer behind a paced flood,
+#: and a lone account on an unpaced platform is not held to 16 (README "Many accounts").
+ALONE_SECONDS = 0.8
+ALONE_MAX_SHARES = 4
 GENERATE_HINT = "generate one with: python3 -c 'import secrets; print(secrets.token_urlsafe(24))'"
 
 #: Chat.type's documented values (Bot API: "private", "group", "supergroup" or "channel").
@@ -183,7 +192,7 @@ class Settings(BaseSettings):
     # Responder
     retry_delays_seconds: str = "1,10,60,300"
     max_attempts: int = Field(default=5, ge=1)
-    responder_concurrency: int = Field(default=8, ge=1, le=1000)
+    responder_concurrency: int = Field(default=32, ge=1, le=1000)
     # Jobs in flight that share one Postgres connection, their claims, delivery intents and
     # records sent as one statement each (1: a connection per job, a statement per step).
     responder_batch_jobs: int = Field(default=8, ge=1, le=1000)
@@ -464,12 +473,20 @@ class Settings(BaseSettings):
             + JOB_BOOKKEEPING_SECONDS
         )
 
+    def account_jobs_alone(self) -> int:
+        """The fair share of an account alone (``ALONE_SECONDS``); 0: no share."""
+        share = self.account_jobs_in_flight
+        paced = math.ceil(self.platform_rate_per_second * ALONE_SECONDS)
+        return min(ALONE_MAX_SHARES * share, max(share, paced))
+
     def pool_connections(self, service: str) -> int:
         """The most connections the pool of one process of ``service`` opens:
-        DATABASE_POOL_SIZE, except the responder, whose every job in flight holds one
-        connection (its lease) and borrows another for queries."""
+        DATABASE_POOL_SIZE, and for the responder one more for every RESPONDER_BATCH_JOBS
+        jobs in flight: they share it for their claims and records all along
+        (services/responder/batches.py), while their other queries (listings, tokens,
+        hooks) borrow from the DATABASE_POOL_SIZE beside them for a statement."""
         if service == "responder":
-            return max(self.database_pool_size, 2 * self.responder_concurrency + 2)
+            return math.ceil(self.responder_concurrency / self.responder_batch_jobs) + self.database_pool_size
         return self.database_pool_size
 
     def database_connections(self, service: str) -> int:

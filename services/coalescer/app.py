@@ -103,6 +103,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         policy_from(settings),
         policy_for=account_policies(settings, registry),
         account_jobs=settings.account_jobs_in_flight,
+        alone_jobs=settings.account_jobs_alone(),
         on_jobs_emitted=relay.notify,
         alerter=Alerter(
             settings.alert_webhook_url,

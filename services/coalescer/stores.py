@@ -99,12 +99,15 @@ class WindowSession(Protocol):
         it, and each operation waiting."""
         ...
 
-    async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
+    async def claim_due(
+        self, limit: int, account_jobs: int, alone_jobs: int | None = None
+    ) -> list[DueWindow]:
         """Due, unblocked windows no message of their chat received before they fell due
         is in transit for,
         locked (other replicas skip them). ``account_jobs`` > 0: an account's share, the
         most unfinished reply jobs it may have (its earliest due windows fill its free
-        places; the rest wait)."""
+        places; the rest wait); ``alone_jobs`` (if larger) the share of an account alone:
+        no other account has a window due or a job unfinished."""
         ...
 
     async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]: ...
@@ -210,7 +213,7 @@ WITH RECURSIVE few AS MATERIALIZED (
         WHERE (SELECT yes FROM few)
           AND w.status = 'open' AND NOT w.blocked AND w.due_at <= (SELECT clock_timestamp())
     ) x
-    WHERE $2 = 0 OR x.place <= $2
+    WHERE $2 = 0 OR x.place <= greatest($2, $3)
 ), accounts AS (
     (SELECT w.platform, w.account_id, w.due_at FROM chat_windows w
      WHERE w.status = 'open' AND NOT w.blocked
@@ -221,12 +224,25 @@ WITH RECURSIVE few AS MATERIALIZED (
         WHERE w.status = 'open' AND NOT w.blocked AND (w.platform, w.account_id) > (a.platform, a.account_id)
         ORDER BY w.platform, w.account_id, w.due_at LIMIT 1
     ) n
+), ready_accounts AS MATERIALIZED (
+    SELECT DISTINCT d.platform, d.account_id FROM ranked d
+    UNION
+    SELECT a.platform, a.account_id FROM accounts a
+    WHERE NOT (SELECT yes FROM few) AND a.due_at <= (SELECT clock_timestamp())
+), share AS MATERIALIZED (
+    -- The share: $2, or $3 for an account alone (no other account with a window due or a
+    -- job unfinished). Another account's first window then waits behind at most $3 jobs.
+    SELECT CASE WHEN $3 > $2 AND (SELECT count(*) FROM ready_accounts) = 1
+                 AND NOT EXISTS (SELECT 1 FROM reply_jobs r CROSS JOIN ready_accounts a
+                                 WHERE r.status IN ('pending', 'processing')
+                                   AND (r.platform, r.account_id) <> (a.platform, a.account_id))
+                THEN $3 ELSE $2 END AS jobs
 ), placed AS MATERIALIZED (
     (SELECT d.id, d.due_at FROM ranked d
      WHERE $2 = 0 OR d.place + (
          SELECT count(*) FROM reply_jobs r
          WHERE r.platform = d.platform AND r.account_id = d.account_id AND r.status IN ('pending', 'processing')
-     ) <= $2)
+     ) <= (SELECT jobs FROM share))
     UNION ALL
     (SELECT d.id, d.due_at FROM accounts a CROSS JOIN LATERAL (
         SELECT w.id, w.due_at FROM chat_windows w
@@ -236,7 +252,7 @@ WITH RECURSIVE few AS MATERIALIZED (
           AND (w.account_id, w.due_at) <= (a.account_id, (SELECT clock_timestamp()))
         ORDER BY w.platform, w.account_id, w.due_at
         LIMIT CASE WHEN $2 = 0 THEN $1 * 2
-                   ELSE greatest($2 - (SELECT count(*) FROM reply_jobs r
+                   ELSE greatest((SELECT jobs FROM share) - (SELECT count(*) FROM reply_jobs r
                                        WHERE r.platform = a.platform AND r.account_id = a.account_id
                                          AND r.status IN ('pending', 'processing')), 0)
               END
@@ -373,11 +389,14 @@ class PgWindowSession:
             [f.window.due_at for f in filings],
         )
 
-    async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
+    async def claim_due(
+        self, limit: int, account_jobs: int, alone_jobs: int | None = None
+    ) -> list[DueWindow]:
         self._now = None
+        alone = account_jobs if alone_jobs is None else alone_jobs
         return [
             DueWindow(w["id"], w["chat_key"], w["platform"], w["account_id"], w["chat_id"], w["due_at"])
-            for w in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs)
+            for w in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs, alone)
         ]
 
     async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:

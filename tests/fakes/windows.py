@@ -257,23 +257,30 @@ class _Session:
             kind = "held" if key in self._store.held else "filed"
             self._s.events.append((inbound.operation_id, kind, None))
 
-    async def claim_due(self, limit: int, account_jobs: int) -> list[DueWindow]:
+    async def claim_due(
+        self, limit: int, account_jobs: int, alone_jobs: int | None = None
+    ) -> list[DueWindow]:
         due = sorted(
             (w for w in self._store._claimable() if w.window.due_at <= self._store.clock),
             key=lambda w: w.window.due_at,
         )
         if account_jobs > 0:
             # Fair share: an account's unfinished jobs, then its earliest due windows,
-            # fill its places; the rest wait.
+            # fill its places; the rest wait. An account alone (no other with a window
+            # due or a job unfinished) has ``alone_jobs`` places.
             places: dict[tuple[str, str], int] = {}
             for j in self._s.in_flight:
                 account = (self._s.jobs[j].platform, self._s.jobs[j].account_id)
                 places[account] = places.get(account, 0) + 1
+            active = {(w.platform, w.account_id) for w in due} | set(places)
+            share = account_jobs
+            if alone_jobs is not None and alone_jobs > account_jobs and len(active) == 1:
+                share = alone_jobs
             fair = []
             for w in due:
                 account = (w.platform, w.account_id)
                 places[account] = places.get(account, 0) + 1
-                if places[account] <= account_jobs:
+                if places[account] <= share:
                     fair.append(w)
             due = fair
         return [

@@ -85,14 +85,16 @@ async def only_b_is_claimed(pool: asyncpg.Pool) -> dict[str, Any]:
     """Claims account b's window "one" alone, then returns the claim's plan as it ran
     (EXPLAIN ANALYZE, with the pages it touched), rolled back."""
     async with PgWindowStore(pool).transaction() as tx:
-        due = await tx.claim_due(200, SHARE)
+        due = await tx.claim_due(200, SHARE, SHARE * 4)
         assert [(w.account_id, w.chat_id) for w in due] == [("b", "one")]
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
         try:
             (plan,) = json.loads(
-                await conn.fetchval("EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _CLAIM_DUE, 200, SHARE)
+                await conn.fetchval(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _CLAIM_DUE, 200, SHARE, SHARE * 4
+                )
             )
         finally:
             await tx.rollback()
@@ -193,6 +195,39 @@ async def test_each_account_of_each_platform_gets_its_earliest_due_windows_up_to
     async with PgWindowStore(pool).transaction() as tx:
         due = await tx.claim_due(200, 0)
     assert len(due) == 6, "share 0: every due window goes"
+
+
+async def test_an_account_alone_gets_its_larger_share_until_another_account_has_a_window_due_or_a_job(
+    pool: asyncpg.Pool,
+) -> None:
+    """A lone account on an unpaced platform was held to its share (16) with nobody to
+    share with: bench.pipeline's single bot sent 199 replies/s with 16 jobs in flight and
+    261/s with 64. The share of an account alone is larger; as soon as another account
+    has a window due or a job unfinished, each is back to its share."""
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn, conn.transaction():
+        await job_in_flight(conn, "a", "busy", now - timedelta(seconds=30))
+        for n in range(10):
+            await open_window(conn, "a", f"w{n}", now - timedelta(seconds=10 - n))
+        # Another account's window still in its pause does not count.
+        await open_window(conn, "b", "later", now + timedelta(minutes=1))
+
+    async def claimed() -> list[tuple[str, str]]:
+        async with PgWindowStore(pool).transaction() as tx:
+            return [(w.account_id, w.chat_id) for w in await tx.claim_due(200, 2, 6)]
+
+    # Alone: 6 places, one taken by its job in flight.
+    assert await claimed() == [("a", f"w{n}") for n in range(5)]
+    async with pool.acquire() as conn:
+        await job_in_flight(conn, "c", "busy", now - timedelta(seconds=30))
+    assert await claimed() == [("a", "w0")], "another account's job unfinished: back to the share"
+    async with pool.acquire() as conn:
+        await conn.execute("DELETE FROM reply_jobs WHERE account_id = 'c'")
+        await open_window(conn, "d", "due", now - timedelta(seconds=1))
+    assert await claimed() == [("a", "w0"), ("d", "due")], "another account's window due: shares"
+    async with PgWindowStore(pool).transaction() as tx:
+        due = await tx.claim_due(200, 2)
+    assert len(due) == 2, "no larger share given: the share"
 
 
 async def test_a_round_with_few_windows_due_does_not_walk_the_accounts(pool: asyncpg.Pool) -> None:

@@ -411,3 +411,27 @@ def test_chatq_reads_the_admin_token_from_the_env_file_and_not_without_it(tmp_pa
     env_file.write_text("CHATQ_ADMIN_TOKEN=kept-by-make-run-0123456789\nCHATQ_ADMIN_URL=http://127.0.0.1:9\n")
     assert main(["--env-file", str(env_file), "stats"]) == EXIT_UNREACHABLE  # the token was found
     assert main(["--env-file", os.devnull, "stats"]) == EXIT_USAGE  # "set CHATQ_ADMIN_TOKEN"
+
+
+@pytest.mark.parametrize(
+    ("share", "rate", "alone"),
+    [
+        (16, 20.0, 16),  # the default pace: a paced flood keeps the share's own 0.8 s
+        (16, 100_000.0, 64),  # unpaced: four times the share
+        (16, 40.0, 32),  # in between: what the pace sends in 0.8 s
+        (16, 1.0, 16),  # never below the share
+        (0, 100_000.0, 0),  # no share, no larger one
+    ],
+)
+def test_an_account_alone_gets_what_its_pace_sends_in_a_share_time_between_one_and_four_shares(
+    share: int, rate: float, alone: int
+) -> None:
+    settings = Settings(account_jobs_in_flight=share, platform_rate_per_second=rate)
+    assert settings.account_jobs_alone() == alone
+
+
+def test_the_responders_pool_is_one_shared_connection_per_batch_of_jobs_plus_the_pool_size() -> None:
+    assert Settings(responder_concurrency=32, responder_batch_jobs=8).pool_connections("responder") == 14
+    assert Settings(responder_concurrency=33, responder_batch_jobs=8).pool_connections("responder") == 15
+    assert Settings(responder_concurrency=8, database_pool_size=3).pool_connections("responder") == 4
+    assert Settings(database_pool_size=3).pool_connections("coalescer") == 3
