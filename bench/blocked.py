@@ -229,7 +229,7 @@ async def run(args: argparse.Namespace) -> dict[str, object]:
                     "chats": args.chats,
                     "before_claim_ms": await query_ms(conn, BEFORE_CLAIM, 200),
                     "before_next_due_ms": await query_ms(conn, BEFORE_NEXT_DUE),
-                    "after_claim_ms": await query_ms(conn, _CLAIM_DUE, 200, 0),
+                    "after_claim_ms": await query_ms(conn, _CLAIM_DUE, 200, 0, 0),
                     "after_next_due_ms": await query_ms(conn, _NEXT_DUE),
                 }
             result["before_cpu_share"] = await idle_cpu(

@@ -225,6 +225,7 @@ async def measure(args: argparse.Namespace, db_url: str, amqp_url: str) -> dict[
             + _CLAIM_DUE.replace("clock_timestamp()", "now() + interval '3 hours'"),
             args.batch,
             0,  # no fair share
+            0,
         )
         plan_text = "\n".join(
             r[0]
@@ -232,6 +233,7 @@ async def measure(args: argparse.Namespace, db_url: str, amqp_url: str) -> dict[
                 "EXPLAIN (ANALYZE, BUFFERS) "
                 + _CLAIM_DUE.replace("clock_timestamp()", "now() + interval '3 hours'"),
                 args.batch,
+                0,
                 0,
             )
         )
