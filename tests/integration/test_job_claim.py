@@ -83,7 +83,9 @@ async def statuses(pool: asyncpg.Pool, *ops: uuid.UUID) -> list[tuple[str, str |
     rows = {
         r["id"]: (r["status"], r["status_reason"])
         for r in await pool.fetch(
-            "SELECT id, status, status_reason FROM operations WHERE id = ANY($1::uuid[])", ops
+            "SELECT id, chatq_shown_status(status, id, platform, account_id, chat_id) AS status, status_reason"
+            " FROM operations WHERE id = ANY($1::uuid[])",
+            ops,
         )
     }
     return [rows[o] for o in ops]
