@@ -41,7 +41,6 @@ from shared.db import Conn
 from shared.faults import fault_point
 from shared.lifecycle import every
 from shared.settings import Settings
-from shared.state import operation as operation_state
 
 logger = logging.getLogger(__name__)
 
@@ -108,7 +107,7 @@ class PublishFailed(RuntimeError):
 # bounded by the batch, not by the backlog.
 _CLAIM_SQL = """
 SELECT c.* FROM unnest($2::text[]) AS x(exchange) CROSS JOIN LATERAL (
-    SELECT o.id, o.exchange, o.routing_key, o.message_id, o.ordering_key, o.operation_id, o.headers, o.body
+    SELECT o.id, o.exchange, o.routing_key, o.message_id, o.ordering_key, o.headers, o.body
     FROM outbox o
     WHERE o.published_at IS NULL
       AND o.exchange = x.exchange
@@ -240,9 +239,6 @@ class Relay:
                     """,
                     [r["id"] for r in confirmed],
                 )
-                operation_ids = [r["operation_id"] for r in confirmed if r["operation_id"]]
-                if operation_ids:
-                    await operation_state.mark_queued(conn, operation_ids)
                 for d in delays:
                     metrics.OUTBOX_PUBLISH_DELAY.observe(max(d["delay"], 0.0))
                 metrics.OUTBOX_PUBLISHED.inc(len(confirmed))

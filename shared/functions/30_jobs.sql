@@ -180,9 +180,17 @@ BEGIN
             r.reason := 'every message is answered or held by another reply';
             RETURN r;
         END IF;
+        -- A message filed ('waiting') reads 'replying' from its coverage row
+        -- (chatq_shown_status): its row is written only if another job's id is on it. One
+        -- not yet filed (accepted, queued) is moved on, or its filing would take it again.
+        -- By key, one at a time: written set-based (id = ANY(ids) and a status filter), it
+        -- doubled Postgres' CPU per reply in bench.pipeline (the plan was not caught).
         FOREACH v IN ARRAY ids LOOP
-            UPDATE operations op SET status = 'replying', job_id = p_job, updated_at = now()
-            WHERE op.id = v AND op.status = ANY(chatq_operation_sources('replying'));
+            UPDATE operations op
+            SET job_id = p_job, updated_at = now(),
+                status = CASE WHEN op.status = 'waiting' THEN op.status ELSE 'replying' END
+            WHERE op.id = v AND (op.status IN ('accepted', 'queued') OR op.job_id IS DISTINCT FROM p_job)
+              AND op.status = ANY(chatq_operation_sources('replying'));
         END LOOP;
         PERFORM chatq_log(ids, 'attempt', 'attempt ' || p_attempt || ': writing the reply', p_job);
         IF cardinality(ids) <> cardinality(j.ops) THEN

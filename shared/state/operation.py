@@ -74,17 +74,6 @@ STATUS_TEXT = {
 # the trigger of 00_states.sql refuses anything else.)
 
 
-async def mark_queued(conn: Conn, ids: Sequence[uuid.UUID]) -> None:
-    """The relay: the broker confirmed these operations' messages."""
-    await conn.execute(
-        """
-        UPDATE operations SET status = 'queued', updated_at = now()
-        WHERE id = ANY($1::uuid[]) AND status = ANY(chatq_operation_sources('queued'))
-        """,
-        list(ids),
-    )
-
-
 async def fail(
     conn: Conn,
     ids: Sequence[uuid.UUID],

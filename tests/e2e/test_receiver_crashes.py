@@ -45,7 +45,8 @@ async def test_a_kill_after_commit_before_the_response_is_answered_2xx_on_retry_
         operation_id = retry.json()["operation_id"]
         await wait_for(
             lambda: pool.fetchval(
-                "SELECT status = 'queued' FROM operations WHERE id = $1", uuid.UUID(operation_id)
+                "SELECT chatq_shown_status(status, id, platform, account_id, chat_id) = 'queued' FROM operations WHERE id = $1",
+                uuid.UUID(operation_id),
             ),
             what="the stored message to be published",
         )
@@ -85,4 +86,9 @@ async def test_a_kill_after_publish_before_marking_publishes_again_with_the_same
         await healthy.stop()
     second = await queues.drain(COALESCER_QUEUE)
     assert [m.message_id for m in second] == [str(stored.operation_id)]
-    assert await pool.fetchval("SELECT status FROM operations") == "queued"
+    assert (
+        await pool.fetchval(
+            "SELECT chatq_shown_status(status, id, platform, account_id, chat_id) FROM operations"
+        )
+        == "queued"
+    )

@@ -37,7 +37,8 @@ async def test_the_same_telegram_update_posted_50_times_concurrently_is_one_oper
         (operation_id,) = operation_ids
         await wait_for(
             lambda: pool.fetchval(
-                "SELECT status = 'queued' FROM operations WHERE id = $1", uuid.UUID(operation_id)
+                "SELECT chatq_shown_status(status, id, platform, account_id, chat_id) = 'queued' FROM operations WHERE id = $1",
+                uuid.UUID(operation_id),
             ),
             what="operation queued",
         )
@@ -118,6 +119,11 @@ async def test_a_signed_generic_webhook_gets_202_with_a_status_url_that_reads_th
         assert status["chat"] == {"account_id": "shop-1", "chat_id": "c1"}
         assert status["message"]["text"] == "Do you deliver?"
         assert status["status_text"] == "stored and queued for the bot"
+        # Listed by the status it reads, not the 'accepted' its row holds.
+        listed = (await client.get("/v1/operations?status=queued", headers=ADMIN)).json()
+        assert [o["id"] for o in listed["operations"]] == [doc["operation_id"]]
+        listed = (await client.get("/v1/operations?status=accepted", headers=ADMIN)).json()
+        assert listed["operations"] == []
         assert status["age_seconds"] >= 0
         # Redelivery of the same webhook-id is answered with the same operation.
         again = await client.post(

@@ -83,7 +83,9 @@ async def statuses(pool: asyncpg.Pool, *ops: uuid.UUID) -> list[tuple[str, str |
     rows = {
         r["id"]: (r["status"], r["status_reason"])
         for r in await pool.fetch(
-            "SELECT id, status, status_reason FROM operations WHERE id = ANY($1::uuid[])", ops
+            "SELECT id, chatq_shown_status(status, id, platform, account_id, chat_id) AS status, status_reason"
+            " FROM operations WHERE id = ANY($1::uuid[])",
+            ops,
         )
     }
     return [rows[o] for o in ops]
@@ -483,3 +485,51 @@ async def test_a_job_whose_claim_fails_fails_alone_and_its_lock_is_given_back(po
     assert await pool.fetchval("SELECT status FROM reply_jobs WHERE id = $1", bad) == "pending"
     async with JobStore(pool).exclusive(bad) as other:  # its lock did not stay with the connection
         assert isinstance(await other.claim(bad, 2), Job)
+
+
+async def test_a_claim_writes_no_operation_row_of_a_message_filed_and_reads_none_in_transit(pool):
+    """A claim used to update every message's row to 'replying' (not HOT: eight index
+    entries each); the status is read from the coverage row now, and only a message not
+    yet filed is written (it must leave the in-transit states). Claims of one session, past
+    the point where PL/pgSQL plans them once for any values, read by key: none reads the
+    messages in transit."""
+    await pool.execute(
+        """
+        INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id, text, sent_at,
+                                status, received_at, payload)
+        SELECT gen_random_uuid(), 'telegram', 'bot', 'old-' || g, 'old-' || g, '1', 'hi', $1, 'replied', $1, '{}'
+        FROM generate_series(1, 20000) g
+        """,
+        T0,
+    )
+    for n in range(300):
+        await operation(pool, f"t{n}", at=T0, status="accepted", chat=f"busy-{n}")
+    jobs = []
+    for n in range(8):
+        filed = await operation(pool, f"f{n}", at=T0, chat=f"c{n}")
+        early = await operation(pool, f"e{n}", at=T0 + timedelta(seconds=1), status="queued", chat=f"c{n}")
+        jobs.append((await job(pool, [filed, early], chat=f"c{n}"), filed, early))
+    await pool.execute("ANALYZE operations")
+    counts = """
+        SELECT (SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'operations'),
+               (SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'operations_in_transit')
+    """
+    # One connection for the claims and the counts: a backend's own statistics are flushed
+    # on demand (pg_stat_force_next_flush), another's only about a second later.
+    async with pool.acquire() as conn:
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+        updated, in_transit_read = await conn.fetchrow(counts)
+        for job_id, _, _ in jobs:
+            assert (
+                await conn.fetchval("SELECT (chatq_claim_job($1, 1, 4242, 0)).outcome", job_id) == "claimed"
+            )
+            await conn.execute("SELECT pg_advisory_unlock(4242)")
+        await conn.execute("SELECT pg_stat_force_next_flush()")
+        updated_after, in_transit_read_after = await conn.fetchrow(counts)
+    assert updated_after - updated == len(jobs), (
+        "only each message not yet filed is written (it leaves transit)"
+    )
+    assert in_transit_read_after - in_transit_read < 10 * len(jobs)
+    for _, filed, early in jobs:
+        assert await statuses(pool, filed, early) == [("replying", None)] * 2
+        assert await pool.fetchval("SELECT status FROM operations WHERE id = $1", filed) == "waiting"

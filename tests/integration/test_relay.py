@@ -81,19 +81,27 @@ async def test_an_unroutable_message_is_an_error_and_later_rows_of_its_chat_wait
     assert [m.message_id for m in await queues.drain(COALESCER_QUEUE)] == ["b1"]
 
 
-async def test_the_relay_marks_the_operation_queued_only_after_the_broker_confirmed(
+async def test_the_operation_reads_queued_only_after_the_broker_confirmed_and_no_update_writes_it(
     settings, pool: asyncpg.Pool, queues: QueueInspector
 ) -> None:
     async with running_receiver(replace(settings, relay_enabled=False)) as (_, client):
         r = await client.post("/v1/webhooks/telegram", json=telegram_update(1), headers=TG)
     op = uuid.UUID(r.json()["operation_id"])
-    assert await pool.fetchval("SELECT status FROM operations WHERE id = $1", op) == "accepted"
+    shown = (
+        "SELECT chatq_shown_status(status, id, platform, account_id, chat_id) FROM operations WHERE id = $1"
+    )
+    assert await pool.fetchval(shown, op) == "accepted"
+    updates = "SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'operations'"
+    before = await pool.fetchval(updates)
     broker = BrokerConnection(settings.amqp_url.get_secret_value(), TEST_TOPOLOGY)
     try:
         assert await Relay(pool, ConfirmingPublisher(broker), [INBOUND_EXCHANGE]).run_once() == 1
     finally:
         await broker.close()
-    assert await pool.fetchval("SELECT status FROM operations WHERE id = $1", op) == "queued"
+    assert await pool.fetchval(shown, op) == "queued"
+    assert await pool.fetchval("SELECT status FROM operations WHERE id = $1", op) == "accepted"
+    await pool.execute("SELECT pg_stat_force_next_flush()")
+    assert await pool.fetchval(updates) == before, "publishing does not update the operation's row"
     assert [m.message_id for m in await queues.drain(COALESCER_QUEUE)] == [str(op)]
 
 
@@ -135,7 +143,13 @@ async def test_webhooks_are_accepted_while_rabbitmq_is_unreachable_and_published
                 within=30,
                 what="outbox drained after the cut",
             )
-            assert await pool.fetchval("SELECT count(*) FROM operations WHERE status = 'queued'") == 60
+            assert (
+                await pool.fetchval(
+                    "SELECT count(*) FROM operations"
+                    " WHERE chatq_shown_status(status, id, platform, account_id, chat_id) = 'queued'"
+                )
+                == 60
+            )
     finally:
         await proxy.close()
     messages = await queues.drain(COALESCER_QUEUE)

@@ -42,8 +42,8 @@ def status_text(status: str, reason: str | None, replied_at: datetime | None = N
 
 _SELECT = """
 SELECT o.id, o.platform, o.account_id, o.chat_id, o.message_id, o.author_id, o.text, o.sent_at,
-       o.status, o.status_reason, o.received_at, o.updated_at, o.resolution, o.resolved_by, o.resolved_at,
-       o.note, o.retries, o.owner AS op_owner, c.held_until,
+       chatq_shown_status(o.status, o.id, o.platform, o.account_id, o.chat_id) AS status,
+       o.status_reason, o.received_at, o.updated_at, o.resolution, o.resolved_by, o.resolved_at, o.note, o.retries, o.owner AS op_owner, c.held_until,
        j.id AS job_id, j.status AS job_status, j.attempts, j.reply_text, j.platform_message_id,
        j.sent_at AS reply_sent_at, j.error_kind, j.error_message, j.owner, j.created_at AS job_created_at
 FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
@@ -74,8 +74,9 @@ async def operations(
     rows = await pool.fetch(
         _SELECT
         + """
-        WHERE o.status = ANY($1::text[]) AND o.received_at <= now() - make_interval(secs => $2)
+        WHERE o.status = ANY($6::text[]) AND o.received_at <= now() - make_interval(secs => $2)
           AND ($4::text IS NULL OR (o.platform = $4 AND o.account_id = $5))
+          AND chatq_shown_status(o.status, o.id, o.platform, o.account_id, o.chat_id) = ANY($1::text[])
         ORDER BY o.received_at DESC LIMIT $3
         """,
         statuses,
@@ -83,8 +84,21 @@ async def operations(
         limit,
         platform,
         account_id,
+        stored_statuses(statuses),
     )
     return {"operations": [operation_document(r) for r in rows], "count": len(rows)}
+
+
+def stored_statuses(statuses: list[str]) -> list[str]:
+    """The statuses written in operations.status that may read as ``statuses``: 'queued'
+    and 'replying' are shown, not written (``chatq_shown_status``), for an operation
+    stored 'accepted' or 'waiting'."""
+    stored = set(statuses)
+    if "queued" in stored:
+        stored.add("accepted")
+    if "replying" in stored:
+        stored.add("waiting")
+    return sorted(stored)
 
 
 async def held_chats(
@@ -212,13 +226,16 @@ async def collect_stats(
     backlog = {s: {"count": 0, "oldest_age_seconds": 0.0} for s in (*UNFINISHED, *ACTIONABLE, "held")}
     for r in await pool.fetch(
         f"""
-        SELECT CASE WHEN o.status = 'waiting' AND EXISTS (
+        SELECT CASE WHEN s.shown = 'waiting' AND EXISTS (
                     SELECT 1 FROM chats c
                     WHERE c.chat_key = chatq_chat_key(o.platform, o.account_id, o.chat_id)
                       AND c.held_until > now())
-               THEN 'held' ELSE o.status END AS status,
+               THEN 'held' ELSE s.shown END AS status,
                count(*) AS n, extract(epoch FROM now() - min(o.received_at))::float8 AS oldest
-        FROM operations o WHERE o.status = ANY($1::text[]) AND {scope.format(o="o")} GROUP BY 1
+        FROM operations o
+        CROSS JOIN LATERAL (SELECT chatq_shown_status(o.status, o.id, o.platform, o.account_id, o.chat_id)
+                            AS shown) s
+        WHERE o.status = ANY($1::text[]) AND {scope.format(o="o")} GROUP BY 1
         """,
         [*UNFINISHED, *ACTIONABLE],
         platform,
