@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import uuid
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
@@ -114,10 +115,12 @@ async def test_the_sandbox_chat_shows_each_message_in_the_status_a_person_reads_
                 window,
                 uuid.UUID(op),
             )
-            await conn.execute("INSERT INTO reply_coverage (operation_id, job_id) VALUES ($1, $2)", uuid.UUID(op), job)
+            await conn.execute(
+                "INSERT INTO reply_coverage (operation_id, job_id) VALUES ($1, $2)", uuid.UUID(op), job
+            )
         assert await shown() == "replying"
         assert await in_chat() == "replying"
 
 
-async def _is(read, status: str) -> bool:
+async def _is(read: Callable[[], Awaitable[str]], status: str) -> bool:
     return await read() == status

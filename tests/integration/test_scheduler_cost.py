@@ -281,6 +281,6 @@ async def test_an_account_is_not_alone_while_another_accounts_due_window_waits_f
         await open_window(conn, "c", "c2", now - timedelta(seconds=3))
     async with PgWindowStore(pool).transaction() as tx:
         due = await tx.claim_due(200, 1, 3)
-    # b is not alone-less: its window is due (waiting for b1's message on its way), so a
+    # b's window is due (it waits for b1's message on its way), so a is not alone and
     # keeps its share of 1; c's first window holds c's one place while it waits.
     assert [(w.account_id, w.chat_id) for w in due] == [("a", "a0")]
