@@ -89,7 +89,9 @@ async def sandbox_messages(chat_id: str, request: Request) -> dict[str, Any]:
     pool: asyncpg.Pool = request.app.state.pool
     rows = await pool.fetch(
         """
-        SELECT 'buyer' AS author, text, received_at AS at, status, id::text AS operation_id FROM operations
+        SELECT 'buyer' AS author, text, received_at AS at,
+               chatq_shown_status(status, id, platform, account_id, chat_id) AS status,
+               id::text AS operation_id FROM operations
         WHERE platform = 'sandbox' AND account_id = $1 AND chat_id = $2
         UNION ALL
         SELECT 'bot', text, created_at, 'sent', NULL FROM sandbox_replies WHERE account_id = $1 AND chat_id = $2

@@ -260,8 +260,15 @@ class _Session:
     async def claim_due(
         self, limit: int, account_jobs: int, alone_jobs: int | None = None
     ) -> list[DueWindow]:
+        # As _CLAIM_DUE: the share is decided over every due, unblocked window (one that
+        # waits for a message of its chat in transit included: it is due, and holds its
+        # place), and only the windows placed are checked for messages in transit.
         due = sorted(
-            (w for w in self._store._claimable() if w.window.due_at <= self._store.clock),
+            (
+                w
+                for w in self._store.state.windows.values()
+                if w.status == "open" and not w.blocked and w.window.due_at <= self._store.clock
+            ),
             key=lambda w: w.window.due_at,
         )
         if account_jobs > 0:
@@ -283,6 +290,7 @@ class _Session:
                 if places[account] <= share:
                     fair.append(w)
             due = fair
+        due = [w for w in due if not self._store._awaits_in_transit(w)]
         return [
             DueWindow(w.id, w.chat_key, w.platform, w.account_id, w.chat_id, w.window.due_at) for w in due
         ][:limit]

@@ -244,3 +244,14 @@ async def test_listing_accounts_of_a_platform_that_does_not_exist_is_a_4xx_not_a
     r = await api.get("/v1/accounts", params={"platform": "7\n\x00;"}, headers=ADMIN)
     assert r.status_code == 422
     assert (await api.get("/v1/accounts", params={"platform": "avito"}, headers=ADMIN)).status_code == 200
+
+
+async def test_a_refused_retry_names_the_status_a_person_reads_not_the_one_stored(settings) -> None:
+    """'queued' is read, not written (chatq_shown_status): a person who retries a message
+    the status API shows 'queued' is told it is 'queued', not 'accepted'."""
+    async with running_receiver(replace(settings, relay_poll_seconds=0.05)) as (_, client):
+        op = await post(client, 9, 79)
+        await settled(client, op, "queued")
+        r = await client.post(f"/v1/operations/{op}/retry", headers=ADMIN)
+    assert r.status_code == 409
+    assert r.json()["error"]["message"].endswith("this one is queued")

@@ -2,9 +2,13 @@
 
 from __future__ import annotations
 
+import uuid
+from collections.abc import Awaitable, Callable
+
+import asyncpg
 import pytest
 
-from tests.conftest import replace
+from tests.conftest import ADMIN_TOKEN, replace
 from tests.support.broker import wait_for
 from tests.support.receiver import running_receiver
 from tests.support.services import running_coalescers, running_responders
@@ -64,3 +68,59 @@ async def test_bad_sandbox_input_is_refused_and_the_sandbox_is_off_in_production
         assert (await client.get("/sandbox")).status_code == 404
         r = await client.post("/v1/sandbox/messages", json={"chat_id": "s", "text": "x"})
         assert r.json()["error"]["code"] == "sandbox_disabled"
+
+
+async def test_the_sandbox_chat_shows_each_message_in_the_status_a_person_reads_queued_and_replying(
+    sandbox, pool: asyncpg.Pool
+) -> None:
+    """'queued' and 'replying' are read, not written (chatq_shown_status): the sandbox
+    chat shows what the status API shows, not the stored 'accepted' and 'waiting'."""
+    admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
+    async with running_receiver(sandbox) as (_, client):
+        r = await client.post("/v1/sandbox/messages", json={"chat_id": "s2", "text": "Hi"})
+        op = r.json()["operation_id"]
+
+        async def shown() -> str:
+            return (await client.get(f"/v1/operations/{op}", headers=admin)).json()["status"]
+
+        async def in_chat() -> str:
+            (m,) = (await client.get("/v1/sandbox/chats/s2/messages")).json()["messages"]
+            return str(m["status"])
+
+        await wait_for(lambda: _is(shown, "queued"), within=10, what="the relay to publish the message")
+        assert await in_chat() == "queued"
+
+        # Filed, then taken by a reply's claim (its reply_coverage row; the row stays 'waiting').
+        window, job = uuid.uuid4(), uuid.uuid4()
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("UPDATE operations SET status = 'waiting' WHERE id = $1", uuid.UUID(op))
+            await conn.execute(
+                """
+                INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at,
+                                          last_at, deadline_at, due_at, delay_seconds, message_count,
+                                          closed_at, job_id)
+                VALUES ($1, 'sandbox:sandbox:s2', 'sandbox', 'sandbox', 's2', 'closed', now(), now(), now(),
+                        now(), 0, 1, now(), $2)
+                """,
+                window,
+                job,
+            )
+            await conn.execute(
+                """
+                INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
+                                        operation_ids)
+                VALUES ($1, $2, 'sandbox:sandbox:s2', 'sandbox', 'sandbox', 's2', 'processing', ARRAY[$3::uuid])
+                """,
+                job,
+                window,
+                uuid.UUID(op),
+            )
+            await conn.execute(
+                "INSERT INTO reply_coverage (operation_id, job_id) VALUES ($1, $2)", uuid.UUID(op), job
+            )
+        assert await shown() == "replying"
+        assert await in_chat() == "replying"
+
+
+async def _is(read: Callable[[], Awaitable[str]], status: str) -> bool:
+    return await read() == status

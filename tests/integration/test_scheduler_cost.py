@@ -247,3 +247,40 @@ async def test_a_round_with_few_windows_due_does_not_walk_the_accounts(pool: asy
     # A few index pages and b's row: independent of the number of accounts (walking them: ~3
     # pages each, 6,000 here).
     assert pages < 100
+
+
+async def in_transit(conn: asyncpg.Connection, account: str, chat: str, received: datetime) -> None:
+    """A message of the chat stored and not yet filed (on its way to the coalescer)."""
+    await conn.execute(
+        """
+        INSERT INTO operations (id, platform, account_id, chat_id, message_id, text, sent_at, status,
+                                received_at, payload)
+        VALUES ($1, 'telegram', $2, $3, $4, 'on its way', $5, 'accepted', $5, '{}')
+        """,
+        uuid.uuid4(),
+        account,
+        chat,
+        str(uuid.uuid4()),
+        received,
+    )
+
+
+async def test_an_account_is_not_alone_while_another_accounts_due_window_waits_for_a_message_in_transit(
+    pool: asyncpg.Pool,
+) -> None:
+    """The in-memory store (tests/fakes/windows.py) must decide as this claim does
+    (tests/unit/test_coalescer_branches.py has the same case)."""
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn, conn.transaction():
+        for n in range(3):
+            await open_window(conn, "a", f"a{n}", now - timedelta(seconds=10 - n))
+        await in_transit(conn, "b", "b1", now - timedelta(seconds=5))
+        await open_window(conn, "b", "b1", now - timedelta(seconds=1))
+        await open_window(conn, "c", "c1", now - timedelta(seconds=4))
+        await in_transit(conn, "c", "c1", now - timedelta(seconds=5))
+        await open_window(conn, "c", "c2", now - timedelta(seconds=3))
+    async with PgWindowStore(pool).transaction() as tx:
+        due = await tx.claim_due(200, 1, 3)
+    # b's window is due (it waits for b1's message on its way), so a is not alone and
+    # keeps its share of 1; c's first window holds c's one place while it waits.
+    assert [(w.account_id, w.chat_id) for w in due] == [("a", "a0")]

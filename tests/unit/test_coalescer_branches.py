@@ -286,3 +286,37 @@ async def test_a_message_filed_late_counts_its_pause_from_receipt_yet_waits_quie
     assert filed is not None
     # From receipt the reply is due at 5 s; the buyer's next messages get QUIET (2 s) more.
     assert filed.due_at == store.clock + timedelta(seconds=2)
+
+
+async def test_an_account_is_not_alone_while_another_accounts_due_window_waits_for_a_message_in_transit(
+    store: InMemoryWindows,
+) -> None:
+    """As the claim in Postgres (_CLAIM_DUE: ready_accounts before the in-transit check):
+    another account's window that is due counts, even while it waits for an earlier
+    message of its chat still on its way; the first account keeps its share, not the
+    larger share of an account alone (tests/integration/test_scheduler_cost.py)."""
+    c = Coalescer(store, POLICY, draw=lambda: 0.0, account_jobs=1, alone_jobs=3)
+    for n in range(3):
+        await c.file(store.receive(chat_id=f"a{n}"))
+    store.receive(chat_id="s1", account_id="shop", text="in transit")
+    store.advance(0.1)
+    await c.file(store.receive(chat_id="s1", account_id="shop", text="filed"))
+    store.advance(5)
+    assert await c.emit_due() == 1, "the shop's due window counts: the bot keeps its share of 1"
+
+
+async def test_a_window_waiting_for_a_message_in_transit_takes_a_place_of_its_accounts_share(
+    store: InMemoryWindows,
+) -> None:
+    """As the claim in Postgres: an account's due windows take its places in due order,
+    and only then is the in-transit check made (on the few placed); a window that waits
+    for a message of its chat on its way holds its place, and the window behind it waits
+    for the next round rather than overtaking the share."""
+    c = Coalescer(store, POLICY, draw=lambda: 0.0, account_jobs=1)
+    store.receive(chat_id="c1", text="in transit")
+    store.advance(0.1)
+    await c.file(store.receive(chat_id="c1", text="filed"))
+    store.advance(0.1)
+    await c.file(store.receive(chat_id="c2"))
+    store.advance(5)
+    assert await c.emit_due() == 0

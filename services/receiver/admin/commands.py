@@ -98,6 +98,8 @@ async def _lock_actionable(tx: OperationSession, op_id: uuid.UUID, code: str, ve
         raise ApiError(404, "operation_not_found", f"no operation {op_id}")
     if row.status not in operation_state.ACTIONABLE:
         raise ApiError(
-            409, code, f"only failed or needs_review operations can be {verb}; this one is {row.status}"
+            409,
+            code,
+            f"only failed or needs_review operations can be {verb}; this one is {row.shown or row.status}",
         )
     return row

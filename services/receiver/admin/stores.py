@@ -38,6 +38,9 @@ class Locked:
     job_id: uuid.UUID | None
     job_operation_ids: list[uuid.UUID]
     job_chat_key: str | None
+    #: The status as a person reads it (chatq_shown_status: 'queued' and 'replying' are
+    #: read, not written), for what a refusal says; None: ``status``.
+    shown: str | None = None
 
     @property
     def chat_key(self) -> str:
@@ -119,7 +122,8 @@ class PgOperationSession:
     async def lock(self, operation_id: uuid.UUID) -> Locked | None:
         row = await self._conn.fetchrow(
             """
-            SELECT o.status, o.platform, o.account_id, o.chat_id, o.job_id, j.operation_ids, j.chat_key
+            SELECT o.status, o.platform, o.account_id, o.chat_id, o.job_id, j.operation_ids, j.chat_key,
+                   chatq_shown_status(o.status, o.id, o.platform, o.account_id, o.chat_id) AS shown
             FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
             WHERE o.id = $1 FOR UPDATE OF o
             """,
@@ -136,6 +140,7 @@ class PgOperationSession:
             row["job_id"],
             list(row["operation_ids"] or ()),
             row["chat_key"],
+            row["shown"],
         )
 
     async def lock_chat(self, chat_key: str) -> None:
