@@ -107,13 +107,13 @@ class Coalescer:
         caps: JobCaps | None = None,
         policy_for: Callable[[str, str], WindowPolicy] | None = None,
         account_jobs: int = 0,
-        alone_jobs: int | None = None,
+        alone_jobs: int = 0,
     ) -> None:
         #: Fair share: the most unfinished reply jobs one account has emitted (0: no limit),
         #: and (if larger) the most of an account alone (no other with a window due or a
         #: job unfinished).
         self._account_jobs = account_jobs
-        self._alone_jobs = account_jobs if alone_jobs is None else alone_jobs
+        self._alone_jobs = alone_jobs
         #: A pool is the Postgres store; the unit tests give the in-memory one.
         self._store: WindowStore = PgWindowStore(store) if isinstance(store, asyncpg.Pool) else store
         self._policy = policy

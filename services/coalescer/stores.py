@@ -99,9 +99,7 @@ class WindowSession(Protocol):
         it, and each operation waiting."""
         ...
 
-    async def claim_due(
-        self, limit: int, account_jobs: int, alone_jobs: int | None = None
-    ) -> list[DueWindow]:
+    async def claim_due(self, limit: int, account_jobs: int, alone_jobs: int = 0) -> list[DueWindow]:
         """Due, unblocked windows no message of their chat received before they fell due
         is in transit for,
         locked (other replicas skip them). ``account_jobs`` > 0: an account's share, the
@@ -389,14 +387,11 @@ class PgWindowSession:
             [f.window.due_at for f in filings],
         )
 
-    async def claim_due(
-        self, limit: int, account_jobs: int, alone_jobs: int | None = None
-    ) -> list[DueWindow]:
+    async def claim_due(self, limit: int, account_jobs: int, alone_jobs: int = 0) -> list[DueWindow]:
         self._now = None
-        alone = account_jobs if alone_jobs is None else alone_jobs
         return [
             DueWindow(w["id"], w["chat_key"], w["platform"], w["account_id"], w["chat_id"], w["due_at"])
-            for w in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs, alone)
+            for w in await self._conn.fetch(_CLAIM_DUE, limit, account_jobs, alone_jobs)
         ]
 
     async def messages(self, window_ids: Sequence[uuid.UUID]) -> list[Listed]:

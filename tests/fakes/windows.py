@@ -257,9 +257,7 @@ class _Session:
             kind = "held" if key in self._store.held else "filed"
             self._s.events.append((inbound.operation_id, kind, None))
 
-    async def claim_due(
-        self, limit: int, account_jobs: int, alone_jobs: int | None = None
-    ) -> list[DueWindow]:
+    async def claim_due(self, limit: int, account_jobs: int, alone_jobs: int = 0) -> list[DueWindow]:
         # As _CLAIM_DUE: the share is decided over every due, unblocked window (one that
         # waits for a message of its chat in transit included: it is due, and holds its
         # place), and only the windows placed are checked for messages in transit.
@@ -281,7 +279,7 @@ class _Session:
                 places[account] = places.get(account, 0) + 1
             active = {(w.platform, w.account_id) for w in due} | set(places)
             share = account_jobs
-            if alone_jobs is not None and alone_jobs > account_jobs and len(active) == 1:
+            if alone_jobs > account_jobs and len(active) == 1:
                 share = alone_jobs
             fair = []
             for w in due:

@@ -9,6 +9,7 @@ import pytest
 
 from shared.broker.topology import (
     COALESCER_QUEUE,
+    INBOUND_EXCHANGE,
     NOT_QUEUE_ARGUMENTS,
     POLICIES,
     RESPONDER_QUEUE,
@@ -72,3 +73,10 @@ def test_definitions_are_valid_json_for_the_named_vhost() -> None:
     doc = json.loads(render_definitions(build_topology(), "prod"))
     assert doc["vhosts"] == [{"name": "prod"}]
     assert {q["vhost"] for q in definitions(build_topology(), "prod")["queues"]} == {"prod"}
+
+
+def test_the_shown_status_looks_for_unpublished_rows_on_the_inbound_exchange_the_topology_names() -> None:
+    """chatq_shown_status reads 'queued' from the inbound outbox rows by exchange name (the
+    outbox index leads with it); a renamed exchange would read every message 'queued'."""
+    sql = (Path(__file__).resolve().parents[2] / "shared" / "functions" / "15_shown_status.sql").read_text()
+    assert f"b.exchange = '{INBOUND_EXCHANGE}'" in sql

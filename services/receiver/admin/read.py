@@ -43,7 +43,8 @@ def status_text(status: str, reason: str | None, replied_at: datetime | None = N
 _SELECT = """
 SELECT o.id, o.platform, o.account_id, o.chat_id, o.message_id, o.author_id, o.text, o.sent_at,
        chatq_shown_status(o.status, o.id, o.platform, o.account_id, o.chat_id) AS status,
-       o.status_reason, o.received_at, o.updated_at, o.resolution, o.resolved_by, o.resolved_at, o.note, o.retries, o.owner AS op_owner, c.held_until,
+       o.status_reason, o.received_at, o.updated_at, o.resolution, o.resolved_by, o.resolved_at,
+       o.note, o.retries, o.owner AS op_owner, c.held_until,
        j.id AS job_id, j.status AS job_status, j.attempts, j.reply_text, j.platform_message_id,
        j.sent_at AS reply_sent_at, j.error_kind, j.error_message, j.owner, j.created_at AS job_created_at
 FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
