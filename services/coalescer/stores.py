@@ -230,10 +230,21 @@ WITH RECURSIVE few AS MATERIALIZED (
 ), share AS MATERIALIZED (
     -- The share: $2, or $3 for an account alone (no other account with a window due or a
     -- job unfinished). Another account's first window then waits behind at most $3 jobs.
+    -- Another account has a job unfinished when the first or the last account in the
+    -- in-flight index is not this one: two probes at the index's ends (a scan for any
+    -- other account's job read every job row, 2 ms a claim at 6,000 jobs kept).
     SELECT CASE WHEN $3 > $2 AND (SELECT count(*) FROM ready_accounts) = 1
-                 AND NOT EXISTS (SELECT 1 FROM reply_jobs r CROSS JOIN ready_accounts a
-                                 WHERE r.status IN ('pending', 'processing')
-                                   AND (r.platform, r.account_id) <> (a.platform, a.account_id))
+                 AND NOT EXISTS (
+                     SELECT 1 FROM ready_accounts a CROSS JOIN LATERAL (
+                         (SELECT r.platform, r.account_id FROM reply_jobs r
+                          WHERE r.status IN ('pending', 'processing')
+                          ORDER BY r.platform, r.account_id LIMIT 1)
+                         UNION ALL
+                         (SELECT r.platform, r.account_id FROM reply_jobs r
+                          WHERE r.status IN ('pending', 'processing')
+                          ORDER BY r.platform DESC, r.account_id DESC LIMIT 1)
+                     ) e
+                     WHERE (e.platform, e.account_id) <> (a.platform, a.account_id))
                 THEN $3 ELSE $2 END AS jobs
 ), placed AS MATERIALIZED (
     (SELECT d.id, d.due_at FROM ranked d
