@@ -127,6 +127,43 @@ async def test_a_round_reads_what_it_emits_not_the_windows_waiting_behind_an_acc
     assert read < 200 + 50
 
 
+async def test_a_round_reads_what_it_emits_even_when_the_statistics_predate_the_windows(
+    pool: asyncpg.Pool,
+) -> None:
+    """Statistics taken while few windows were open (a quiet minute, the benchmark's
+    warm-up) made the planner expect one ready window: it read every ready window from the
+    index by due time and sorted them by account, twice a round (10 ms a round with 13,000
+    waiting, in bench.pipeline). The walk by account cannot be planned on that index.
+    Statistics as in the benchmark: taken over windows all closed, before the flood."""
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn:
+        await conn.execute(
+            """
+            INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at,
+                                      last_at, deadline_at, due_at, delay_seconds, message_count,
+                                      closed_at, job_id)
+            SELECT gen_random_uuid(), 'telegram:old:' || n, 'telegram', 'old', n::text, 'closed',
+                   $1, $1, $1, $1, 0, 1, $1, gen_random_uuid()
+            FROM generate_series(1, 5000) AS n
+            """,
+            now - timedelta(hours=1),
+        )
+        await conn.execute("ANALYZE chat_windows, reply_jobs")
+    async with pool.acquire() as conn, conn.transaction():
+        for n in range(SHARE):
+            await job_in_flight(conn, "a", f"busy-{n}", now - timedelta(seconds=30))
+        for n in range(WAITING):
+            await open_window(
+                conn, "a", f"waiting-{n}", now - timedelta(seconds=20) + timedelta(milliseconds=n)
+            )
+        await open_window(conn, "b", "one", now - timedelta(seconds=1))
+
+    plan = await only_b_is_claimed(pool)
+    read = rows_read(plan["Plan"], "chat_windows")
+    print(f"\nclaim with {WAITING} windows waiting, statistics older than them: {read:.0f} rows read")
+    assert read < 200 + 50
+
+
 ACCOUNTS = 2000
 
 
@@ -295,12 +332,10 @@ async def test_whether_an_account_is_alone_is_read_from_the_jobs_in_flight_not_e
     """Finished jobs stay in reply_jobs until retention purges them (days of them in a real
     install). Deciding whether an account is alone read every one of them (a sequential
     scan for any other account's job, 2 ms a round at 6,000 jobs in bench.pipeline); it now
-    reads the jobs in flight only, whatever the planner believes of the table: as in the
-    benchmark, its statistics are older than the jobs (autovacuum analyzes late)."""
+    reads the jobs in flight only. Statistics as in the benchmark: taken over the finished
+    jobs, before the jobs now in flight."""
     now = datetime.now(UTC)
     async with pool.acquire() as conn:
-        await conn.execute("ANALYZE chat_windows, reply_jobs")
-    async with pool.acquire() as conn, conn.transaction():
         await conn.execute(
             """
             WITH ids AS (
@@ -324,6 +359,8 @@ async def test_whether_an_account_is_alone_is_read_from_the_jobs_in_flight_not_e
             now - timedelta(hours=1),
             FINISHED,
         )
+        await conn.execute("ANALYZE chat_windows, reply_jobs")
+    async with pool.acquire() as conn, conn.transaction():
         for n in range(3):
             await job_in_flight(conn, "b", f"busy-{n}", now - timedelta(seconds=30))
         await open_window(conn, "b", "one", now - timedelta(seconds=1))
