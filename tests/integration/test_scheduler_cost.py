@@ -81,6 +81,16 @@ async def job_in_flight(conn: asyncpg.Connection, account: str, chat: str, at: d
     )
 
 
+async def a_waits_behind_its_share_and_b_is_due(conn: asyncpg.Connection, now: datetime) -> None:
+    """Account "a" has its whole share in flight and 2,000 due windows waiting behind it;
+    account "b" has one window due, later than all of them."""
+    for n in range(SHARE):
+        await job_in_flight(conn, "a", f"busy-{n}", now - timedelta(seconds=30))
+    for n in range(WAITING):
+        await open_window(conn, "a", f"waiting-{n}", now - timedelta(seconds=20) + timedelta(milliseconds=n))
+    await open_window(conn, "b", "one", now - timedelta(seconds=1))
+
+
 async def only_b_is_claimed(pool: asyncpg.Pool) -> dict[str, Any]:
     """Claims account b's window "one" alone, then returns the claim's plan as it ran
     (EXPLAIN ANALYZE, with the pages it touched), rolled back."""
@@ -107,15 +117,7 @@ async def test_a_round_reads_what_it_emits_not_the_windows_waiting_behind_an_acc
 ) -> None:
     now = datetime.now(UTC)
     async with pool.acquire() as conn, conn.transaction():
-        # Account "a" has its whole share in flight and 2,000 due windows waiting behind it;
-        # account "b" has one window due, later than all of them.
-        for n in range(SHARE):
-            await job_in_flight(conn, "a", f"busy-{n}", now - timedelta(seconds=30))
-        for n in range(WAITING):
-            await open_window(
-                conn, "a", f"waiting-{n}", now - timedelta(seconds=20) + timedelta(milliseconds=n)
-            )
-        await open_window(conn, "b", "one", now - timedelta(seconds=1))
+        await a_waits_behind_its_share_and_b_is_due(conn, now)
         await conn.execute("ANALYZE chat_windows, reply_jobs")
 
     plan = await only_b_is_claimed(pool)
@@ -150,13 +152,7 @@ async def test_a_round_reads_what_it_emits_even_when_the_statistics_predate_the_
         )
         await conn.execute("ANALYZE chat_windows, reply_jobs")
     async with pool.acquire() as conn, conn.transaction():
-        for n in range(SHARE):
-            await job_in_flight(conn, "a", f"busy-{n}", now - timedelta(seconds=30))
-        for n in range(WAITING):
-            await open_window(
-                conn, "a", f"waiting-{n}", now - timedelta(seconds=20) + timedelta(milliseconds=n)
-            )
-        await open_window(conn, "b", "one", now - timedelta(seconds=1))
+        await a_waits_behind_its_share_and_b_is_due(conn, now)
 
     plan = await only_b_is_claimed(pool)
     read = rows_read(plan["Plan"], "chat_windows")
