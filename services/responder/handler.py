@@ -33,7 +33,7 @@ from .idempotency import AccountStopped, Job, JobBusy, JobWithdrawn, Part, Recon
 from .listings import Listings
 from .llm import ReplyWriter, Turn
 from .parts import split_reply
-from .platforms.base import Attempts, ChatManners, Listing, Platform, Sent, SentQuery, TooEarly
+from .platforms.base import Attempts, Listing, Platform, Sent, SentQuery, TooEarly, chat_manners
 from .stores import JobSession, JobStorage
 
 logger = logging.getLogger(__name__)
@@ -252,10 +252,11 @@ class Responder:
     async def _mark_read(self, job: Job, platform: Platform) -> None:
         """Mark the answered chat read in the seller's app (Avito), best effort: the reply
         is sent and recorded, and a failure here changes nothing about it."""
-        if not isinstance(platform, ChatManners):
+        manners = chat_manners(platform)
+        if manners is None:
             return
         try:
-            await platform.mark_read(job.account_id, job.chat_id)
+            await manners.mark_read(job.account_id, job.chat_id)
         except Exception as exc:
             CHAT_READ_FAILURES.labels(platform=platform.name).inc()
             reason = exc.reason if isinstance(exc, Failure) else f"{type(exc).__name__}: {exc}"

@@ -15,7 +15,7 @@ from prometheus_client import Counter
 
 from .accounts import AccountPlatforms, FixedPlatforms, Unserved
 from .failures import Failure
-from .platforms.base import ChatManners, Listing, Platform
+from .platforms.base import Listing, Platform, chat_manners
 
 logger = logging.getLogger(__name__)
 
@@ -56,13 +56,14 @@ class Listings:
             platform = self._platforms.for_account(platform_name, account_id)
         except Unserved:
             return None
-        if not isinstance(platform, ChatManners):
+        manners = chat_manners(platform)
+        if manners is None:
             return None
         row = await self._pool.fetchrow(_READ, chat_key, self._ttl)
         if row is not None and row["fresh"]:
             return Listing.from_json(row["listing"])
         try:
-            listing = await platform.listing(account_id, chat_id)
+            listing = await manners.listing(account_id, chat_id)
         except Failure as failure:
             LISTING_FAILURES.labels(platform=platform_name).inc()
             logger.warning("the listing of %s is not available: %s", chat_key, failure.reason)

@@ -211,3 +211,12 @@ def test_an_accounts_facts_file_is_read_only_from_the_facts_folder(tmp_path: Pat
             account_facts_path(str(folder), name)
     with pytest.raises(ValueError, match="not set"):
         account_facts_path(None, "shop.txt")
+
+
+async def test_a_fact_answers_when_any_of_its_keywords_starts_a_word_taken_literally() -> None:
+    writer = FactsWriter("[facts]\nship, deliver: We ship daily.\nc++, a.b: Literal keys.\n")
+    assert "We ship daily." in await writer.write([], ["Do you DELIVER to Kazan?"])
+    assert "We ship daily." in await writer.write([], ["shipping?"]), "a keyword starts a word"
+    assert "We ship daily." not in await writer.write([], ["relationship?"]), "not inside a word"
+    assert "Literal keys." in await writer.write([], ["is c++ ok"])
+    assert "Literal keys." not in await writer.write([], ["axb", "c+"]), "keywords are not patterns"
