@@ -243,8 +243,11 @@ WITH rows AS (
 SELECT id, status FROM op
 """
 
+# The status as a person reads it (chatq_shown_status): a repeat's answer says what the
+# status API says, e.g. queued, not the stored accepted.
 _EXISTING_SQL = """
-SELECT id, status, chat_id, message_id FROM operations
+SELECT id, chatq_shown_status(status, id, platform, account_id, chat_id) AS status, chat_id, message_id
+FROM operations
 WHERE platform = $1 AND account_id = $2
   AND (event_id = $3 OR (chat_id = $4 AND message_id = $5))
 ORDER BY (chat_id = $4 AND message_id = $5) DESC NULLS LAST

@@ -67,6 +67,18 @@ async def test_a_telegram_message_repeated_under_a_new_update_id_is_still_one_op
     assert await pool.fetchval("SELECT count(*) FROM operations") == 1
 
 
+async def test_a_repeat_is_answered_with_the_status_a_person_reads_not_the_stored_one(
+    settings, pool: asyncpg.Pool
+) -> None:
+    async with running_receiver(replace(settings, relay_enabled=False)) as (_, client):
+        first = await client.post("/v1/webhooks/telegram", json=telegram_update(10, message_id=7), headers=TG)
+        await pool.execute("UPDATE outbox SET published_at = clock_timestamp()")  # as a relay does
+        again = await client.post("/v1/webhooks/telegram", json=telegram_update(11, message_id=7), headers=TG)
+    assert first.json()["status"] == "accepted"
+    assert await pool.fetchval("SELECT status FROM operations") == "accepted", "the stored status"
+    assert again.json()["status"] == "queued", "what the status API shows once the message is published"
+
+
 async def test_an_avito_message_is_stored_its_repeat_is_a_duplicate_and_one_the_account_wrote_is_the_sellers(
     settings, pool: asyncpg.Pool
 ) -> None:
