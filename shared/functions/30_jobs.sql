@@ -429,7 +429,14 @@ LANGUAGE plpgsql AS $$
 DECLARE
     n integer;
 BEGIN
-    FOR n IN 1 .. coalesce(cardinality(p_jobs), 0) LOOP
+    -- In the order of the jobs' chats' lock keys: ending a job takes its chat's lock (the
+    -- trigger that unblocks the chat's next window), held to the commit, and every other
+    -- taker of several chats' locks takes them in that order (chatq_lock_chats, before-send
+    -- batches, chatq_unblock_expired_holds). In the jobs' order, a record and a filing of
+    -- the same two chats deadlocked. Each job's chat key by a probe of its key.
+    FOR n IN SELECT x.n FROM unnest(p_jobs) WITH ORDINALITY AS x(job, n)
+             LEFT JOIN LATERAL (SELECT r.chat_key FROM reply_jobs r WHERE r.id = x.job LIMIT 1) r ON true
+             ORDER BY hashtextextended(r.chat_key, 0), x.n LOOP
         RETURN QUERY SELECT n, r.sent_at, r.received_ats
                      FROM chatq_record_sent(p_jobs[n], p_texts[n], p_platform_message_ids[n], NULL) r;
     END LOOP;

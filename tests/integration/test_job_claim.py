@@ -533,3 +533,52 @@ async def test_a_claim_writes_no_operation_row_of_a_message_filed_and_reads_none
     for _, filed, early in jobs:
         assert await statuses(pool, filed, early) == [("replying", None)] * 2
         assert await pool.fetchval("SELECT status FROM operations WHERE id = $1", filed) == "waiting"
+
+
+async def test_a_record_of_several_jobs_takes_their_chats_locks_in_the_order_the_coalescer_takes_them(pool):
+    """Recording a job's reply ends it, and the trigger that unblocks its chat's next window
+    takes the chat's lock (40_windows_blocked.sql), held until the statement commits. The
+    coalescer's filing of a batch takes its chats' locks in the order of their lock keys
+    (chatq_lock_chats), as do before-send batches: a record of several jobs that took them
+    in the order the jobs came deadlocked with a filing of the same two chats (Postgres
+    broke it after deadlock_timeout, failing one of them), more often the more jobs share
+    a statement (RESPONDER_BATCH_JOBS)."""
+    keys = {c: await pool.fetchval("SELECT hashtextextended($1, 0)", f"telegram:bot:{c}") for c in "12"}
+    # The job recorded first has the chat whose lock comes last.
+    first, second = sorted(keys, key=lambda c: keys[c], reverse=True)
+    jobs = {
+        c: await job(pool, [await operation(pool, c, at=T0, chat=c)], status="processing", chat=c)
+        for c in (first, second)
+    }
+    async with pool.acquire() as blocker, pool.acquire() as filer, pool.acquire() as responder:
+        held = blocker.transaction()
+        await held.start()
+        # Something holds the second job's row a moment (a sweep, a person's retry).
+        await blocker.execute("SELECT 1 FROM reply_jobs WHERE id = $1 FOR UPDATE", jobs[second])
+        recording = asyncio.create_task(
+            responder.fetch(
+                "SELECT * FROM chatq_record_sent_many($1, $2, $3, $4) ORDER BY i",
+                [jobs[first], jobs[second]],
+                ["reply 1", "reply 2"],
+                ["m-1", "m-2"],
+                [1, 2],
+            )
+        )
+        await asyncio.sleep(0.3)
+        filing_tx = filer.transaction()
+        await filing_tx.start()
+        filing = asyncio.create_task(
+            filer.fetch(
+                "SELECT * FROM chatq_lock_chats($1::text[], $2::uuid[])",
+                [f"telegram:bot:{first}", f"telegram:bot:{second}"],
+                [uuid.uuid4(), uuid.uuid4()],
+            )
+        )
+        await asyncio.sleep(0.3)
+        await held.rollback()
+        filed = (await asyncio.gather(asyncio.wait_for(filing, timeout=10), return_exceptions=True))[0]
+        await filing_tx.rollback()
+        recorded = (await asyncio.gather(asyncio.wait_for(recording, timeout=10), return_exceptions=True))[0]
+    assert not isinstance(filed, BaseException), filed
+    assert not isinstance(recorded, BaseException), recorded
+    assert await pool.fetchval("SELECT count(*) FROM reply_jobs WHERE status = 'sent'") == 2
