@@ -13,6 +13,7 @@ import pytest
 
 from services.responder.idempotency import Job, JobBusy, JobStore, Reconcile, Skip
 from shared.broker.consumer import Reject
+from tests.support.broker import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
@@ -535,6 +536,15 @@ async def test_a_claim_writes_no_operation_row_of_a_message_filed_and_reads_none
         assert await pool.fetchval("SELECT status FROM operations WHERE id = $1", filed) == "waiting"
 
 
+async def waits_on_a_lock(pool: asyncpg.Pool, conn: asyncpg.Connection) -> bool:
+    """Whether ``conn``'s backend is waiting for a lock (a row's, an advisory one)."""
+    return bool(
+        await pool.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", conn.get_server_pid()
+        )
+    )
+
+
 async def test_a_record_of_several_jobs_takes_their_chats_locks_in_the_order_the_coalescer_takes_them(pool):
     """Recording a job's reply ends it, and the trigger that unblocks its chat's next window
     takes the chat's lock (40_windows_blocked.sql), held until the statement commits. The
@@ -564,7 +574,7 @@ async def test_a_record_of_several_jobs_takes_their_chats_locks_in_the_order_the
                 [1, 2],
             )
         )
-        await asyncio.sleep(0.3)
+        await wait_for(lambda: waits_on_a_lock(pool, responder), what="the record to wait on the held row")
         filing_tx = filer.transaction()
         await filing_tx.start()
         filing = asyncio.create_task(
@@ -574,7 +584,11 @@ async def test_a_record_of_several_jobs_takes_their_chats_locks_in_the_order_the
                 [uuid.uuid4(), uuid.uuid4()],
             )
         )
-        await asyncio.sleep(0.3)
+        # Before the fix the filing waits on the first chat's lock, which the record holds;
+        # after it, the filing takes both locks at once.
+        await wait_for(
+            lambda: filing.done() or waits_on_a_lock(pool, filer), what="the filing to lock or to wait"
+        )
         await held.rollback()
         filed = (await asyncio.gather(asyncio.wait_for(filing, timeout=10), return_exceptions=True))[0]
         await filing_tx.rollback()
