@@ -333,30 +333,7 @@ async def test_whether_an_account_is_alone_is_read_from_the_jobs_in_flight_not_e
     jobs, before the jobs now in flight."""
     now = datetime.now(UTC)
     async with pool.acquire() as conn:
-        await conn.execute(
-            """
-            WITH ids AS (
-                SELECT n, gen_random_uuid() AS window_id, gen_random_uuid() AS job_id
-                FROM generate_series(1, $2) AS n
-            ), w AS (
-                INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at,
-                                          last_at, deadline_at, due_at, delay_seconds, message_count,
-                                          closed_at, job_id)
-                SELECT window_id, 'telegram:old:' || n, 'telegram', 'old', n::text, 'closed',
-                       $1, $1, $1, $1, 0, 1, $1, job_id
-                FROM ids
-                RETURNING id, chat_key, chat_id, job_id
-            )
-            INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
-                                    operation_ids, reply_text, sent_at, platform_message_id)
-            SELECT w.job_id, w.id, w.chat_key, 'telegram', 'old', w.chat_id, 'sent',
-                   ARRAY[gen_random_uuid()], 'hello', $1, '1'
-            FROM w
-            """,
-            now - timedelta(hours=1),
-            FINISHED,
-        )
-        await conn.execute("ANALYZE chat_windows, reply_jobs")
+        await statistics_taken_with_no_job_in_flight(conn, now - timedelta(hours=1))
     async with pool.acquire() as conn, conn.transaction():
         for n in range(3):
             await job_in_flight(conn, "b", f"busy-{n}", now - timedelta(seconds=30))
@@ -370,45 +347,17 @@ async def test_whether_an_account_is_alone_is_read_from_the_jobs_in_flight_not_e
     assert read < 50
 
 
-async def statistics_taken_with_no_job_in_flight(conn: asyncpg.Connection, at: datetime) -> None:
-    """FINISHED jobs kept, none in flight, analyzed: the planner then expects no job in
-    flight and every partial index of them empty (reply_jobs grows by days of finished
-    jobs, so a flood of jobs in flight changes too few of its rows for autovacuum to
-    analyze it again soon)."""
+async def closed_windows_with_jobs(
+    conn: asyncpg.Connection, accounts: list[str], each: int, status: str, at: datetime
+) -> None:
+    """``each`` reply jobs in ``status`` ('sent' or 'processing') for each of ``accounts``,
+    each of a closed window of its own chat."""
     await conn.execute(
         """
         WITH ids AS (
-            SELECT n, gen_random_uuid() AS window_id, gen_random_uuid() AS job_id
-            FROM generate_series(1, $2) AS n
-        ), w AS (
-            INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at,
-                                      last_at, deadline_at, due_at, delay_seconds, message_count,
-                                      closed_at, job_id)
-            SELECT window_id, 'telegram:old:' || n, 'telegram', 'old', n::text, 'closed',
-                   $1, $1, $1, $1, 0, 1, $1, job_id
-            FROM ids
-            RETURNING id, chat_key, chat_id, job_id
-        )
-        INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
-                                operation_ids, reply_text, sent_at, platform_message_id)
-        SELECT w.job_id, w.id, w.chat_key, 'telegram', 'old', w.chat_id, 'sent',
-               ARRAY[gen_random_uuid()], 'hello', $1, '1'
-        FROM w
-        """,
-        at,
-        FINISHED,
-    )
-    await conn.execute("ANALYZE chat_windows, reply_jobs")
-
-
-async def jobs_in_flight(conn: asyncpg.Connection, accounts: int, each: int, at: datetime) -> None:
-    """``each`` jobs in flight for each of ``accounts`` accounts acct-0000, acct-0001..."""
-    await conn.execute(
-        """
-        WITH ids AS (
-            SELECT 'acct-' || lpad(a::text, 4, '0') AS account, a || '-' || n AS chat,
-                   gen_random_uuid() AS window_id, gen_random_uuid() AS job_id
-            FROM generate_series(0, $2 - 1) AS a, generate_series(1, $3) AS n
+            SELECT account, account || '-' || n AS chat, gen_random_uuid() AS window_id,
+                   gen_random_uuid() AS job_id
+            FROM unnest($2::text[]) AS account, generate_series(1, $3) AS n
         ), w AS (
             INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at,
                                       last_at, deadline_at, due_at, delay_seconds, message_count,
@@ -418,15 +367,32 @@ async def jobs_in_flight(conn: asyncpg.Connection, accounts: int, each: int, at:
             FROM ids
             RETURNING id, chat_key, account_id, chat_id, job_id
         )
-        INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status, operation_ids)
-        SELECT w.job_id, w.id, w.chat_key, 'telegram', w.account_id, w.chat_id, 'processing',
-               ARRAY[gen_random_uuid()]
+        INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
+                                operation_ids, reply_text, sent_at, platform_message_id)
+        SELECT w.job_id, w.id, w.chat_key, 'telegram', w.account_id, w.chat_id, $4,
+               ARRAY[gen_random_uuid()], CASE WHEN $4 = 'sent' THEN 'hello' END,
+               CASE WHEN $4 = 'sent' THEN $1 END, CASE WHEN $4 = 'sent' THEN '1' END
         FROM w
         """,
         at,
         accounts,
         each,
+        status,
     )
+
+
+async def statistics_taken_with_no_job_in_flight(conn: asyncpg.Connection, at: datetime) -> None:
+    """FINISHED jobs kept, none in flight, analyzed: the planner then expects no job in
+    flight and every partial index of them empty (reply_jobs grows by days of finished
+    jobs, so a flood of jobs in flight changes too few of its rows for autovacuum to
+    analyze it again soon)."""
+    await closed_windows_with_jobs(conn, ["old"], FINISHED, "sent", at)
+    await conn.execute("ANALYZE chat_windows, reply_jobs")
+
+
+async def jobs_in_flight(conn: asyncpg.Connection, accounts: int, each: int, at: datetime) -> None:
+    """``each`` jobs in flight for each of ``accounts`` accounts acct-0000, acct-0001..."""
+    await closed_windows_with_jobs(conn, [f"acct-{a:04}" for a in range(accounts)], each, "processing", at)
 
 
 IN_FLIGHT_ACCOUNTS = 200
