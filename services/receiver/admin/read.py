@@ -235,7 +235,7 @@ async def collect_stats(
                count(*) AS n, extract(epoch FROM now() - min(o.received_at))::float8 AS oldest
         FROM operations o
         CROSS JOIN LATERAL (SELECT chatq_shown_status(o.status, o.id, o.platform, o.account_id, o.chat_id)
-                            AS shown) s
+                            AS shown OFFSET 0) s  -- one call a message (flattened, the CASE made two)
         WHERE o.status = ANY($1::text[]) AND {scope.format(o="o")} GROUP BY 1
         """,
         [*UNFINISHED, *ACTIONABLE],
