@@ -35,6 +35,7 @@ FUNCTIONS_DIR = Path(__file__).with_name("functions")
 ADVISORY_LOCK_KEY = 0x63686174_71756575 & 0x7FFF_FFFF_FFFF_FFFF  # "chatqueu"
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
 _FUNCTION_FILE = re.compile(r"^\d{2}_[a-z0-9_]+\.sql$")
+NO_TRANSACTION = "-- chatq:no-transaction"
 
 
 class MigrationError(RuntimeError):
@@ -50,6 +51,23 @@ class Migration:
     @property
     def checksum(self) -> str:
         return hashlib.sha256(self.sql.encode()).hexdigest()
+
+    @property
+    def in_transaction(self) -> bool:
+        return not self.sql.startswith(NO_TRANSACTION)
+
+    def statements(self) -> list[str]:
+        """The file's statements, each ending with ``;`` at the end of a line."""
+        found: list[str] = []
+        lines: list[str] = []
+        for line in self.sql.splitlines():
+            lines.append(line)
+            if line.split("--", 1)[0].rstrip().endswith(";"):
+                found.append("\n".join(lines))
+                lines = []
+        if any(line.split("--", 1)[0].strip() for line in lines):
+            found.append("\n".join(lines))
+        return found
 
 
 def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
@@ -139,7 +157,11 @@ async def migrate(
     if functions is None and directory == MIGRATIONS_DIR:
         functions = FUNCTIONS_DIR
     migrations = load_migrations(directory)
-    await conn.execute("SELECT pg_advisory_lock($1)", ADVISORY_LOCK_KEY)
+    # Waited for by polling, not by pg_advisory_lock: a runner blocked in that statement
+    # holds a snapshot, which another runner's CREATE INDEX CONCURRENTLY waits out while
+    # the blocked one waits for its lock (a deadlock Postgres breaks by failing one).
+    while not await conn.fetchval("SELECT pg_try_advisory_lock($1)", ADVISORY_LOCK_KEY):  # noqa: ASYNC110
+        await asyncio.sleep(0.1)  # the lock is Postgres': no event to wait on
     try:
         await conn.execute(
             """
@@ -164,14 +186,15 @@ async def migrate(
                         "add a new migration instead"
                     )
                 continue
-            async with conn.transaction():
-                await conn.execute(m.sql)
-                await conn.execute(
-                    "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)",
-                    m.version,
-                    m.name,
-                    m.checksum,
-                )
+            record = "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)"
+            if m.in_transaction:
+                async with conn.transaction():
+                    await conn.execute(m.sql)
+                    await conn.execute(record, m.version, m.name, m.checksum)
+            else:
+                for statement in m.statements():
+                    await conn.execute(statement)
+                await conn.execute(record, m.version, m.name, m.checksum)
             logger.info("applied migration %04d_%s", m.version, m.name)
             done.append(m.version)
         unknown = sorted(set(applied) - {m.version for m in migrations})

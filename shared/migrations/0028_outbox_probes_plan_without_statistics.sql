@@ -1,3 +1,4 @@
+-- chatq:no-transaction
 -- Probes of a chat's unpublished outbox rows keep their plan whatever the statistics say
 -- (as 0026 and 0027; found with pg_stat_statements under bench.pipeline).
 --
@@ -17,7 +18,8 @@
 -- outbox_unpublished_exchange) holds only rows with a positive id, which every row has
 -- (an identity from 1): a query may use it only where it says so, which only the relay's
 -- claim does (shared/outbox.py). Every probe of a chat is left with outbox_unpublished_head.
--- Built before the old one is dropped: the build reads the whole table while writes wait;
--- outbox is locked outright only for the drop.
-CREATE INDEX outbox_unpublished_by_exchange ON outbox (exchange, id) WHERE published_at IS NULL AND id > 0;
-DROP INDEX IF EXISTS outbox_unpublished_exchange;
+-- Built concurrently (shared/migrate.py): intake writes the outbox throughout.
+DROP INDEX CONCURRENTLY IF EXISTS outbox_unpublished_by_exchange;
+CREATE INDEX CONCURRENTLY outbox_unpublished_by_exchange ON outbox (exchange, id)
+    WHERE published_at IS NULL AND id > 0;
+DROP INDEX CONCURRENTLY IF EXISTS outbox_unpublished_exchange;

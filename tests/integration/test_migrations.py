@@ -168,3 +168,68 @@ def test_badly_named_function_files_are_refused(tmp_path: Path) -> None:
     write(tmp_path, "claim.sql", "SELECT 1;")
     with pytest.raises(MigrationError, match=r"NN_name\.sql"):
         load_functions(tmp_path)
+
+
+INDEX_CONCURRENTLY = """-- chatq:no-transaction
+-- A build cut short leaves the index invalid: dropped first, then built again.
+DROP INDEX CONCURRENTLY IF EXISTS t_even;
+CREATE INDEX CONCURRENTLY t_even
+    ON t (id) WHERE id % 2 = 0;
+"""
+
+
+async def index_is_valid(conn: asyncpg.Connection, name: str) -> bool | None:
+    return await conn.fetchval(
+        "SELECT i.indisvalid FROM pg_index i JOIN pg_class c ON c.oid = i.indexrelid WHERE c.relname = $1",
+        name,
+    )
+
+
+async def test_a_migration_marked_no_transaction_builds_its_index_concurrently_and_is_recorded(
+    scratch_db, tmp_path: Path
+) -> None:
+    """Postgres refuses CREATE INDEX CONCURRENTLY inside a transaction: the marked file runs
+    statement by statement, and is recorded after the last."""
+    write(tmp_path, "0001_t.sql", "CREATE TABLE t (id int); INSERT INTO t SELECT generate_series(1, 50000);")
+    write(tmp_path, "0002_t_even.sql", INDEX_CONCURRENTLY)
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        assert await migrate(conn, tmp_path) == [1, 2]
+        assert await index_is_valid(conn, "t_even") is True
+        assert await migrate(conn, tmp_path) == []
+    finally:
+        await conn.close()
+
+
+async def test_a_no_transaction_migration_cut_short_is_not_recorded_and_runs_again_from_the_top(
+    scratch_db, tmp_path: Path
+) -> None:
+    write(tmp_path, "0001_t.sql", "CREATE TABLE t (id int); INSERT INTO t SELECT generate_series(1, 1000);")
+    write(tmp_path, "0002_t_even.sql", INDEX_CONCURRENTLY + "SELECT no_such_function();\n")
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        with pytest.raises(asyncpg.UndefinedFunctionError):
+            await migrate(conn, tmp_path)
+        assert await conn.fetchval("SELECT max(version) FROM schema_migrations") == 1
+        write(tmp_path, "0002_t_even.sql", INDEX_CONCURRENTLY)
+        assert await migrate(conn, tmp_path) == [2]
+        assert await index_is_valid(conn, "t_even") is True
+    finally:
+        await conn.close()
+
+
+async def test_runners_starting_together_build_a_concurrent_index_once_without_a_deadlock(
+    scratch_db, tmp_path: Path
+) -> None:
+    """A runner waiting for the migration lock holds no snapshot, which the other's
+    concurrent build would wait out while the waiter waits for its lock."""
+    write(tmp_path, "0001_t.sql", "CREATE TABLE t (id int); INSERT INTO t SELECT generate_series(1, 200000);")
+    write(tmp_path, "0002_t_even.sql", INDEX_CONCURRENTLY)
+    conns = [await asyncpg.connect(scratch_db) for _ in range(3)]
+    try:
+        results = await asyncio.wait_for(asyncio.gather(*(migrate(c, tmp_path) for c in conns)), 60)
+        assert sorted(results) == [[], [], [1, 2]]
+        assert await index_is_valid(conns[0], "t_even") is True
+    finally:
+        for c in conns:
+            await c.close()
