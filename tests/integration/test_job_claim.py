@@ -513,7 +513,7 @@ async def test_a_claim_writes_no_operation_row_of_a_message_filed_and_reads_none
     await pool.execute("ANALYZE operations")
     counts = """
         SELECT (SELECT n_tup_upd FROM pg_stat_user_tables WHERE relname = 'operations'),
-               (SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'operations_in_transit')
+               (SELECT idx_tup_read FROM pg_stat_user_indexes WHERE indexrelname = 'operations_in_transit_by_receipt')
     """
     # One connection for the claims and the counts: a backend's own statistics are flushed
     # on demand (pg_stat_force_next_flush), another's only about a second later.
