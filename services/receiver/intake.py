@@ -148,7 +148,8 @@ WITH clock AS (SELECT clock_timestamp() AS now), late AS (
                      AND (d.job_id IS NULL OR (d.status = 'not_sent' AND NOT d.maybe_sent)))
         OR EXISTS (SELECT 1 FROM operations t
                    WHERE t.platform = $2 AND t.account_id = $3 AND t.chat_id = $5
-                     AND t.status IN ('accepted', 'queued'))
+                     AND t.status IN ('accepted', 'queued')
+                     AND t.received_at IS NOT NULL)  -- the in-transit index's predicate (0029)
     ) ELSE false END AS edited_after_reply
 ), op AS (
     INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id,

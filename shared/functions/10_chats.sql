@@ -98,7 +98,8 @@ BEGIN
     answered := answered || ARRAY(
         SELECT o.id FROM operations o
         WHERE o.platform = p_platform AND o.account_id = p_account_id AND o.chat_id = p_chat_id
-          AND o.status IN ('accepted', 'queued'));
+          AND o.status IN ('accepted', 'queued')
+          AND o.received_at IS NOT NULL);  -- states the in-transit index's predicate (0029)
     FOR j IN
         SELECT r.id, r.operation_ids FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
         WHERE r.chat_key = ck AND r.status = 'pending'
