@@ -88,6 +88,8 @@ CREATE OR REPLACE FUNCTION chatq_file_messages(
     p_due_at timestamptz[], p_delay_seconds double precision[], p_message_counts integer[],
     p_operations uuid[], p_operation_windows uuid[], p_operation_due_at timestamptz[]
 ) RETURNS void LANGUAGE plpgsql AS $$
+DECLARE
+    op uuid;
 BEGIN
     INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
                               deadline_at, due_at, delay_seconds, message_count, blocked)
@@ -120,9 +122,16 @@ BEGIN
         SELECT c.held_until FROM chats c WHERE c.chat_key = w.chat_key AND c.held_until > now() LIMIT 1
     ) c ON true
     ORDER BY v.n;
-    -- Filing comes before any reply: only a message not yet in a window moves.
-    UPDATE operations SET status = 'waiting', updated_at = now()
-    WHERE id = ANY(p_operations) AND status = ANY(chatq_operation_sources('waiting'));
+    -- Filing comes before any reply: only a message not yet in a window moves. One update by
+    -- key a message: written for the batch (id = ANY, and the statuses), a plan made on
+    -- statistics taken while nothing was in transit read it from an index by status, two
+    -- descents against one a key, expecting no entry: every message in transit, each batch
+    -- (operations_in_transit before 0029, operations_status_received after it). A probe of
+    -- one key is the primary key's whatever the statistics (tests/integration/test_filing_cost.py).
+    FOREACH op IN ARRAY p_operations LOOP
+        UPDATE operations SET status = 'waiting', updated_at = now()
+        WHERE id = op AND status = ANY(chatq_operation_sources('waiting'));
+    END LOOP;
 END
 $$;
 
