@@ -282,6 +282,7 @@ DECLARE
     chars bigint;
     job_created timestamptz;
     acct record;
+    v uuid;
 BEGIN
     IF p_fold THEN
         PERFORM pg_advisory_xact_lock(hashtextextended(p_chat_key, 0));
@@ -318,8 +319,13 @@ BEGIN
         END IF;
     END IF;
     IF cardinality(ids) > 0 THEN
-        UPDATE operations SET job_id = p_job, status = 'replying', updated_at = now()
-        WHERE id = ANY(ids) AND status = ANY(chatq_operation_sources('replying'));
+        -- By key, one message at a time: written for the set (id = ANY, and the statuses), a
+        -- plan made on stale statistics read it from operations_status_received, every
+        -- unfinished message (as filing's did, chatq_file_messages).
+        FOREACH v IN ARRAY ids LOOP
+            UPDATE operations SET job_id = p_job, status = 'replying', updated_at = now()
+            WHERE id = v AND status = ANY(chatq_operation_sources('replying'));
+        END LOOP;
         PERFORM chatq_log(ids, 'folded', 'arrived while the reply was being written: the reply is written again '
                           || 'to answer it too', p_job);
         UPDATE reply_jobs SET operation_ids = operation_ids || ids, folded = folded + 1, updated_at = now()

@@ -12,8 +12,12 @@
 --
 -- The index of the messages in transit (operations_in_transit_by_receipt, replacing
 -- operations_in_transit) holds only rows with a receipt time, which every row has: a
--- query may use it only where it compares received_at itself, as the one it is for does
--- (chatq_earlier_in_transit: a message of the chat received before a time).
+-- query may use it only where it says so (chatq_earlier_in_transit compares received_at;
+-- the seller's-answer sweep and the receiver's edit check state it). Filing itself now
+-- moves each message by key (chatq_file_messages): written for the batch, a stale plan
+-- read it from operations_status_received instead once this index was out of reach.
+-- During a rollout the previous release's receiver, whose edit check does not state
+-- received_at, reads an edited message's chat by another index until it is replaced.
 -- Built concurrently (shared/migrate.py): intake writes operations throughout.
 DROP INDEX CONCURRENTLY IF EXISTS operations_in_transit_by_receipt;
 CREATE INDEX CONCURRENTLY operations_in_transit_by_receipt ON operations (platform, account_id, chat_id, received_at)
