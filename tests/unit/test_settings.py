@@ -231,6 +231,9 @@ def test_a_random_secret_is_not_a_placeholder() -> None:
 
     for _ in range(200):
         assert placeholder_reason(secrets.token_urlsafe(24)) is None
+    # Drawn once by token_urlsafe(24): a mixed-case run of x failed this test by chance.
+    assert placeholder_reason("XefD8mHbmYc7YE2eqoQZXxxxqXP62NNS") is None
+    assert placeholder_reason("abcdefghXXXXjklmnop") == "contains 'xxxx'"
     assert placeholder_reason("whsec_" + "QUJDREVGR0hJSktMTU5PUA==") is None
 
 
