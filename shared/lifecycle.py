@@ -1,4 +1,4 @@
-"""Process lifecycle for the worker services: stop on SIGTERM or SIGINT, then drain."""
+"""Process lifecycle for the services: their event loop, stop on SIGTERM or SIGINT, then drain."""
 
 from __future__ import annotations
 
@@ -6,9 +6,25 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Coroutine
+from typing import Any
+
+try:
+    import uvloop
+except ImportError:  # a platform uvloop does not build for (pyproject: not Windows)
+    uvloop = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
+
+
+def run_service(main: Coroutine[Any, Any, int]) -> int:
+    """Run a service's main coroutine to its exit code, on uvloop (asyncio's own loop
+    where uvloop is not installed). The services spend a good part of their CPU in the
+    event loop and its transports (aio-pika frames, asyncpg, aiohttp, uvicorn): measured
+    in bench.pipeline, uvloop took the coalescer from 0.78 to 0.68 ms of CPU per reply and
+    the responder from 1.13 to 1.02, and end-to-end throughput up by 6 % (docs/performance.md)."""
+    with asyncio.Runner(loop_factory=uvloop.new_event_loop if uvloop is not None else None) as runner:
+        return runner.run(main)
 
 
 def stop_on_signals() -> asyncio.Event:

@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-
 from shared.faults import arm
-from shared.lifecycle import stop_on_signals
+from shared.lifecycle import run_service, stop_on_signals
 from shared.logging import configure_logging
 from shared.settings import Settings
 
@@ -20,7 +18,7 @@ def main() -> None:
     settings = Settings()
     configure_logging(settings.log_level, service="coalescer", fmt=settings.log_format)
     arm(settings.fault_point)
-    raise SystemExit(asyncio.run(_main(settings)))
+    raise SystemExit(run_service(_main(settings)))
 
 
 if __name__ == "__main__":

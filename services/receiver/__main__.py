@@ -2,12 +2,8 @@
 
 from __future__ import annotations
 
-import asyncio
-
-from uvicorn.loops.auto import auto_loop_factory
-
 from shared.faults import arm
-from shared.lifecycle import stop_on_signals
+from shared.lifecycle import run_service, stop_on_signals
 from shared.logging import configure_logging
 from shared.settings import Settings
 
@@ -22,9 +18,7 @@ def main() -> None:
     settings = Settings()
     configure_logging(settings.log_level, service="receiver", fmt=settings.log_format)
     arm(settings.fault_point)
-    # uvloop where installed, as uvicorn.run chose it: the intake's throughput rests on it.
-    with asyncio.Runner(loop_factory=auto_loop_factory()) as runner:
-        raise SystemExit(runner.run(_main(settings)))
+    raise SystemExit(run_service(_main(settings)))
 
 
 if __name__ == "__main__":

@@ -1,0 +1,44 @@
+"""Every service runs on uvloop (shared/lifecycle.run_service): the event loop and its
+transports are a good part of each service's CPU per reply (docs/performance.md)."""
+
+from __future__ import annotations
+
+import asyncio
+import importlib
+from collections.abc import Coroutine
+from typing import Any
+
+import pytest
+import uvloop
+
+from shared.lifecycle import run_service
+
+
+def test_a_service_main_runs_on_uvloop_and_its_exit_code_comes_back() -> None:
+    seen: list[asyncio.AbstractEventLoop] = []
+
+    async def main() -> int:
+        seen.append(asyncio.get_running_loop())
+        return 3
+
+    assert run_service(main()) == 3
+    assert isinstance(seen[0], uvloop.Loop)
+
+
+@pytest.mark.parametrize("service", ["receiver", "coalescer", "responder"])
+def test_each_service_starts_through_the_uvloop_runner(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    module = importlib.import_module(f"services.{service}.__main__")
+    started: list[str] = []
+
+    def fake_run_service(main: Coroutine[Any, Any, int]) -> int:
+        started.append(main.cr_code.co_qualname)
+        main.close()  # never started: nothing connects
+        return 0
+
+    monkeypatch.setattr(module, "run_service", fake_run_service)
+    monkeypatch.setattr(module, "arm", lambda point: None)
+    monkeypatch.setattr(module, "configure_logging", lambda *a, **k: None)
+    with pytest.raises(SystemExit) as exit_:
+        module.main()
+    assert exit_.value.code == 0
+    assert started == ["_main"]
