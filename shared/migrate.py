@@ -24,6 +24,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import asyncpg
 
@@ -188,9 +189,7 @@ async def migrate(
                 continue
             record = "INSERT INTO schema_migrations (version, name, checksum) VALUES ($1, $2, $3)"
             if m.in_transaction:
-                async with conn.transaction():
-                    await conn.execute(m.sql)
-                    await conn.execute(record, m.version, m.name, m.checksum)
+                await _in_transaction(conn, m.sql, (record, m.version, m.name, m.checksum))
             else:
                 for statement in m.statements():
                     await conn.execute(statement)
@@ -201,9 +200,31 @@ async def migrate(
         if unknown:
             logger.warning("database has migrations this code does not know: %s", unknown)
         await apply_functions(conn, functions)
-        return done
-    finally:
-        await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
+    except BaseException:
+        # The lock is the session's: if the failure took the connection with it, the lock
+        # ended with it, and the unlock's own error must not hide why the run stopped.
+        try:
+            await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
+        except Exception as exc:
+            logger.warning("migration lock not released by its runner (%s): it ends with the session", exc)
+        raise
+    await conn.execute("SELECT pg_advisory_unlock($1)", ADVISORY_LOCK_KEY)
+    return done
+
+
+async def _in_transaction(conn: asyncpg.Connection, sql: str, record: tuple[Any, ...]) -> None:
+    """``sql`` and its record in one transaction. A failure that took the connection with
+    it took the transaction too: it is raised as it is, not as the rollback's own error."""
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        await conn.execute(sql)
+        await conn.execute(*record)
+    except BaseException:
+        if not conn.is_closed():
+            await transaction.rollback()
+        raise
+    await transaction.commit()
 
 
 async def migrate_dsn(dsn: str) -> list[int]:

@@ -77,6 +77,29 @@ async def test_a_failing_migration_leaves_nothing_behind(scratch_db, tmp_path: P
         await conn.close()
 
 
+async def test_a_migration_that_loses_its_connection_fails_with_that_error_not_the_unlocks(
+    scratch_db, tmp_path: Path
+) -> None:
+    # The server ends the runner's session mid-migration: the person reading the error must
+    # see why it stopped, not that the lock could not be released on a closed connection
+    # (the lock is the session's, so it ended with it; a runner after it takes it at once).
+    write(tmp_path, "0001_a.sql", "CREATE TABLE a (id int); SELECT pg_terminate_backend(pg_backend_pid());")
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        with pytest.raises(
+            (asyncpg.AdminShutdownError, asyncpg.ConnectionDoesNotExistError), match="administrator"
+        ):
+            await migrate(conn, tmp_path)
+    finally:
+        await conn.close()
+    write(tmp_path, "0001_a.sql", "CREATE TABLE a (id int);")
+    again = await asyncpg.connect(scratch_db)
+    try:
+        assert await asyncio.wait_for(migrate(again, tmp_path), 10) == [1]
+    finally:
+        await again.close()
+
+
 async def test_runners_starting_together_apply_each_migration_exactly_once(
     scratch_db, tmp_path: Path
 ) -> None:
