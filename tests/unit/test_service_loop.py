@@ -5,13 +5,14 @@ from __future__ import annotations
 
 import asyncio
 import importlib
+import signal
 from collections.abc import Coroutine
 from typing import Any
 
 import pytest
 import uvloop
 
-from shared.lifecycle import run_service
+from shared.lifecycle import run_service, stop_on_signals
 
 
 def test_a_service_main_runs_on_uvloop_and_its_exit_code_comes_back() -> None:
@@ -42,3 +43,16 @@ def test_each_service_starts_through_the_uvloop_runner(service: str, monkeypatch
         module.main()
     assert exit_.value.code == 0
     assert started == ["_main"]
+
+
+def test_a_service_that_ends_unsignalled_gives_sigterm_and_sigint_back_to_their_handlers() -> None:
+    # A service whose part ended on its own exits 1 without a signal; its shutdown must
+    # still die on SIGTERM or Ctrl-C. uvloop, closing, left both on its closed loop.
+    before = {s: signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)}
+
+    async def main() -> int:
+        stop_on_signals()
+        return 1
+
+    assert run_service(main()) == 1
+    assert {s: signal.getsignal(s) for s in before} == before
