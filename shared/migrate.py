@@ -134,16 +134,11 @@ async def apply_functions(conn: asyncpg.Connection, directory: Path | None = FUN
     for f in files:
         if applied.get(f.name) == f.checksum:
             continue
-        async with conn.transaction():
-            await conn.execute(f.sql)
-            await conn.execute(
-                """
-                INSERT INTO schema_functions (name, checksum) VALUES ($1, $2)
-                ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()
-                """,
-                f.name,
-                f.checksum,
-            )
+        record = """
+            INSERT INTO schema_functions (name, checksum) VALUES ($1, $2)
+            ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()
+            """
+        await _in_transaction(conn, f.sql, (record, f.name, f.checksum))
         logger.info("applied functions %s", f.name)
         done.append(f.name)
     return done

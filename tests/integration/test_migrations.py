@@ -100,6 +100,24 @@ async def test_a_migration_that_loses_its_connection_fails_with_that_error_not_t
         await again.close()
 
 
+async def test_a_function_file_that_loses_its_connection_fails_with_that_error(
+    scratch_db, tmp_path: Path
+) -> None:
+    functions = tmp_path / "functions"
+    functions.mkdir()
+    migrations = tmp_path / "migrations"
+    migrations.mkdir()
+    write(functions, "10_a.sql", "SELECT pg_terminate_backend(pg_backend_pid());")
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        with pytest.raises(
+            (asyncpg.AdminShutdownError, asyncpg.ConnectionDoesNotExistError), match="administrator"
+        ):
+            await migrate(conn, migrations, functions)
+    finally:
+        await conn.close()
+
+
 async def test_runners_starting_together_apply_each_migration_exactly_once(
     scratch_db, tmp_path: Path
 ) -> None:
