@@ -6,7 +6,8 @@ Runs, in order, each as its own process writing bench/results/<name>.json: bench
 (responder vs bare consumer), bench.coalescer (filing a backlog of 20,000 inbound messages;
 emission among 100,000 open windows), bench.blocked
 (10,000 chats behind a job in flight, the scheduler before and after), bench.pipeline
-(end to end: chatqueue, Celery, Postgres polling table), bench.accounts (1,000 accounts
+(end to end: chatqueue, Celery, Postgres polling table, and the floor of chatqueue's
+design, bench/floor.py), bench.accounts (1,000 accounts
 x 10 chats, bursts together: answered once, fairness between accounts), bench.burst (10,000
 chats bursting at once with the real reply pause, 20-60 s: answered once, emission lag). The
 table and every figure go to bench/results/bench.json. Machines are shared and noisy: read the ratios.
@@ -135,6 +136,21 @@ def rows() -> list[dict[str, Any]]:
                     goal, met = ("ratio <= 1.0", mine <= theirs) if peer == "polling" else ("(context)", None)
                     row("peers", f"CPU ms per reply (services, Postgres, RabbitMQ) vs {peer}", mine,
                         label, theirs, goal, met, "ms")  # fmt: skip
+        floor_run = pipe.get("floor")
+        if floor_run:
+            # The design's floor (bench/floor.py): its path and nothing else. chatqueue's gap
+            # to it is chatqueue's own work; the floor's gap to a peer is the design's.
+            row("floor", "chatqueue end-to-end msg/s vs the floor of its design", cq["throughput"],
+                "the floor (bench/floor.py)", floor_run["throughput"], "(context)", None, "msg/s")  # fmt: skip
+            for peer in ("celery", "polling"):
+                if peer in pipe:
+                    row("floor", f"the floor's end-to-end msg/s vs {peer}", floor_run["throughput"], peer,
+                        pipe[peer]["throughput"], "(context)", None, "msg/s")  # fmt: skip
+            mine, floors = cq["cpu_ms_per_reply"], floor_run["cpu_ms_per_reply"]
+            for part in ("receiver", "coalescer", "responder", "postgres", "rabbitmq"):
+                if part in mine and part in floors:
+                    row("floor", f"CPU ms per reply, {part}: chatqueue vs the floor", mine[part], "the floor",
+                        floors[part], "(context)", None, "ms")  # fmt: skip
         writes = cq.get("row_writes")
         if writes:
             top = ", ".join(f"{t} {w['index_entries']:.1f}" for t, w in list(writes["per_table"].items())[:4])

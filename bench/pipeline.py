@@ -1,6 +1,7 @@
-"""End-to-end benchmark: webhook -> reply at the fake platform, for chatqueue and for what
+"""End-to-end benchmark: webhook -> reply at the fake platform, for chatqueue, for what
 a seller would build instead (bench/peers.py: Celery with acks_late, a Postgres polling
-table), on the same machine in the same run, each on a fresh database and vhost.
+table) and for the floor of chatqueue's design (bench/floor.py: its path and nothing
+else), on the same machine in the same run, each on a fresh database and vhost.
 
 For each system: wrk posts Telegram updates (one chat per message, so every system sends
 exactly one reply per message) for ``--seconds`` at ``--connections``; then we wait until
@@ -32,6 +33,7 @@ from urllib.parse import urlsplit
 import asyncpg
 import httpx
 
+from bench import floor
 from bench.intake import ROOT, SECRET, lua_file, telegram_script, wrk
 from bench.peers import POLLING_SCHEMA
 from bench.support import (
@@ -389,7 +391,10 @@ async def peer(kind: str, args: argparse.Namespace, world: FakeWorld) -> dict[st
             conn = await asyncpg.connect(db_url)
             await conn.execute(POLLING_SCHEMA)
             await conn.close()
-        if kind == "celery":
+        if kind == "floor":
+            await floor.prepare(db_url)
+            cmds = {role: [py, "-m", "bench.floor", role] for role in ("receiver", "coalescer", "responder")}
+        elif kind == "celery":
             cmds = {
                 "receiver": [py, "-m", "bench.peers", "celery-receiver"],
                 "worker": [py, "-m", "celery", "-A", "bench.peers:celery_app", "worker", "--pool", "threads",
@@ -405,7 +410,7 @@ async def peer(kind: str, args: argparse.Namespace, world: FakeWorld) -> dict[st
         }
         try:
             url = f"http://127.0.0.1:{port}"
-            await _wait_http(f"{url}/openapi.json")
+            await _wait_http(f"{url}/openapi.json")  # the floor answers any GET
             await asyncio.sleep(2)  # let the worker attach to its queue or table
             pids = {n: p.pid for n, p in procs.items()}
             cold = await warm_up(url, db_url, world, args, pids)
@@ -453,7 +458,7 @@ def add_arguments(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seconds", type=int, default=15)
     p.add_argument("--warmup-seconds", type=int, default=5)
     p.add_argument("--drain-seconds", type=float, default=240)
-    p.add_argument("--systems", nargs="+", default=["chatqueue", "celery", "polling"])
+    p.add_argument("--systems", nargs="+", default=["chatqueue", "celery", "polling", "floor"])
     add_setting_argument(p)
     add_infra_arguments(p)
 
