@@ -423,9 +423,22 @@ END
 $$;
 
 -- chatq_record_sent for the jobs of one responder connection whose replies went out
--- together: one round trip and one transaction. The jobs' session locks (p_lock_keys) are
--- released only once every record is in, so a batch that fails leaves each job held and
--- unrecorded, as it was (the caller records them one by one then). Row i is job i's.
+-- together: one round trip, one transaction, and one statement for each table it writes,
+-- whatever the number of jobs (a statement per job and per message cost more than the
+-- rows: executor start-up, the table's CHECK constraints parsed again, a trigger's WHEN;
+-- perf of Postgres under bench.pipeline). The same writes as chatq_record_sent for each
+-- job; row i is job i's. If a job is not in flight, nothing is written (check_violation,
+-- as chatq_record_sent raises) and the caller records the jobs one by one. The jobs'
+-- session locks (p_lock_keys) are released only once every record is in, so a batch that
+-- fails leaves each job held and unrecorded, as it was.
+--
+-- The chats' locks are taken first, in the order of their lock keys: ending a job takes
+-- its chat's lock (the trigger that unblocks the chat's next window, which finds it held),
+-- and every other taker of several chats' locks takes them in that order
+-- (chatq_lock_chats, before-send batches, chatq_unblock_expired_holds). Each table is
+-- written by its key (id = ANY, the status checked only on the rows found: "IS TRUE"
+-- keeps it from being read through a partial index whose predicate it would imply, as
+-- filing's update once was, on statistics taken while nothing was in flight).
 CREATE OR REPLACE FUNCTION chatq_record_sent_many(
     p_jobs uuid[], p_texts text[], p_platform_message_ids text[], p_lock_keys bigint[]
 )
@@ -433,20 +446,99 @@ RETURNS TABLE (i integer, sent_at timestamptz, received_ats timestamptz[])
 LANGUAGE plpgsql AS $$
 #variable_conflict use_column
 DECLARE
-    n integer;
+    missing uuid;
+    -- The jobs recorded, in their chats' lock order, with when each was sent and its chat.
+    jobs uuid[];
+    ats timestamptz[];
+    keys text[];
+    -- Their operations, job after job (each job's in its own order), with the job's index
+    -- in ``jobs``; a message in two jobs' lists (never, by coverage) goes to the first.
+    ops uuid[];
+    op_job integer[];
+    -- The operations newly replied to, in that order.
+    r_ops uuid[];
+    r_job integer[];
+    r_platform text[];
+    r_sent timestamptz[];
+    r_mid text[];
+    r_received timestamptz[];
 BEGIN
-    -- In the order of the jobs' chats' lock keys: ending a job takes its chat's lock (the
-    -- trigger that unblocks the chat's next window), held to the commit, and every other
-    -- taker of several chats' locks takes them in that order (chatq_lock_chats, before-send
-    -- batches, chatq_unblock_expired_holds). In the jobs' order, a record and a filing of
-    -- the same two chats deadlocked. Each job's chat key by a probe of its key.
-    FOR n IN SELECT x.n FROM unnest(p_jobs) WITH ORDINALITY AS x(job, n)
-             LEFT JOIN LATERAL (SELECT r.chat_key FROM reply_jobs r WHERE r.id = x.job LIMIT 1) r ON true
-             ORDER BY hashtextextended(r.chat_key, 0), x.n LOOP
-        RETURN QUERY SELECT n, r.sent_at, r.received_ats
-                     FROM chatq_record_sent(p_jobs[n], p_texts[n], p_platform_message_ids[n], NULL) r;
-    END LOOP;
+    PERFORM pg_advisory_xact_lock(k.key) FROM (
+        SELECT DISTINCT hashtextextended(r.chat_key, 0) AS key
+        FROM unnest(p_jobs) AS x(job)
+        CROSS JOIN LATERAL (SELECT r.chat_key FROM reply_jobs r WHERE r.id = x.job LIMIT 1) r
+        ORDER BY 1
+    ) k;
+    WITH j AS (
+        UPDATE reply_jobs r
+        SET status = 'sent', reply_text = p_texts[array_position(p_jobs, r.id)],
+            platform_message_id = p_platform_message_ids[array_position(p_jobs, r.id)],
+            sent_at = clock_timestamp(), error_kind = NULL, error_message = NULL, updated_at = now()
+        WHERE r.id = ANY(p_jobs) AND (r.status IN ('pending', 'processing')) IS TRUE
+        RETURNING r.id, r.sent_at, r.chat_key, r.operation_ids
+    ), ordered AS (
+        SELECT j.*, row_number() OVER (ORDER BY hashtextextended(j.chat_key, 0), array_position(p_jobs, j.id)) AS n
+        FROM j
+    )
+    SELECT (SELECT array_agg(o.id ORDER BY o.n) FROM ordered o),
+           (SELECT array_agg(o.sent_at ORDER BY o.n) FROM ordered o),
+           (SELECT array_agg(o.chat_key ORDER BY o.n) FROM ordered o),
+           (SELECT array_agg(u.op ORDER BY o.n, u.m) FROM ordered o, unnest(o.operation_ids) WITH ORDINALITY u(op, m)),
+           (SELECT array_agg(o.n::integer ORDER BY o.n, u.m) FROM ordered o, unnest(o.operation_ids) WITH ORDINALITY u(op, m))
+    INTO jobs, ats, keys, ops, op_job;
+    IF coalesce(cardinality(jobs), 0) < cardinality(p_jobs) THEN
+        SELECT x INTO missing FROM unnest(p_jobs) AS x WHERE x <> ALL(coalesce(jobs, '{}')) LIMIT 1;
+        RAISE EXCEPTION 'job % is not in flight: a reply cannot be recorded for it', missing
+            USING ERRCODE = 'check_violation';
+    END IF;
+    UPDATE deliveries d
+    SET status = 'sent', platform_message_id = p_platform_message_ids[array_position(p_jobs, d.job_id)],
+        finished_at = ats[array_position(jobs, d.job_id)], error = NULL
+    WHERE d.job_id = ANY(jobs);
+    WITH o AS (
+        UPDATE operations x
+        SET status = 'replied', status_reason = NULL, job_id = jobs[op_job[array_position(ops, x.id)]],
+            updated_at = ats[op_job[array_position(ops, x.id)]]
+        WHERE x.id = ANY(ops) AND (x.status IN ('accepted', 'queued', 'waiting', 'replying')) IS TRUE
+        RETURNING x.id, op_job[array_position(ops, x.id)] AS job, x.platform, x.sent_at, x.message_id,
+                  x.received_at, array_position(ops, x.id) AS pos
+    )
+    SELECT array_agg(o.id ORDER BY o.pos), array_agg(o.job ORDER BY o.pos), array_agg(o.platform ORDER BY o.pos),
+           array_agg(o.sent_at ORDER BY o.pos), array_agg(o.message_id ORDER BY o.pos),
+           array_agg(o.received_at ORDER BY o.pos)
+    INTO r_ops, r_job, r_platform, r_sent, r_mid, r_received
+    FROM o;
+    IF r_ops IS NOT NULL THEN
+        INSERT INTO operation_events (operation_id, kind, detail, job_id)
+        SELECT t.op, 'replied', 'reply sent (platform message ' || p_platform_message_ids[array_position(p_jobs, jobs[t.job])] || ')',
+               jobs[t.job]
+        FROM unnest(r_ops, r_job) WITH ORDINALITY AS t(op, job, n)
+        ORDER BY t.n;
+        -- Each chat's last answered message: the latest of those its job replied to, as
+        -- chatq_advance_last_answered moves it (never back, never past the clock).
+        INSERT INTO chats AS c (chat_key, last_answered_sent_at, last_answered_message_id, last_answered_received_at,
+                                last_reply_at, last_job_id)
+        SELECT DISTINCT ON (keys[t.job]) keys[t.job], least(t.sent, clock_timestamp()), t.mid, t.received,
+               ats[t.job], jobs[t.job]
+        FROM unnest(r_job, r_platform, r_sent, r_mid, r_received) AS t(job, platform, sent, mid, received)
+        ORDER BY keys[t.job], chatq_order(t.platform, t.sent, t.mid, t.received) DESC
+        ON CONFLICT (chat_key) DO UPDATE
+        SET last_answered_sent_at = EXCLUDED.last_answered_sent_at,
+            last_answered_message_id = EXCLUDED.last_answered_message_id,
+            last_answered_received_at = EXCLUDED.last_answered_received_at,
+            last_reply_at = EXCLUDED.last_reply_at, last_job_id = EXCLUDED.last_job_id
+        -- (A chat key starts with its platform: shared.messages.chat_key.)
+        WHERE chatq_order(split_part(c.chat_key, ':', 1), c.last_answered_sent_at, c.last_answered_message_id,
+                          c.last_answered_received_at)
+            < chatq_order(split_part(c.chat_key, ':', 1), EXCLUDED.last_answered_sent_at,
+                          EXCLUDED.last_answered_message_id, EXCLUDED.last_answered_received_at);
+    END IF;
     PERFORM pg_advisory_unlock(k) FROM unnest(p_lock_keys) AS k;
+    RETURN QUERY
+    SELECT array_position(p_jobs, t.job)::integer, t.at,
+           coalesce((SELECT array_agg(x.received ORDER BY x.n)
+                     FROM unnest(r_job, r_received) WITH ORDINALITY AS x(job, received, n) WHERE x.job = t.n), '{}')
+    FROM unnest(jobs, ats) WITH ORDINALITY AS t(job, at, n);
 END
 $$;
 
