@@ -115,7 +115,9 @@ BEGIN
     END IF;
     -- An attempt of this job may have reached the platform (its delivery says so now, or
     -- did once): whatever the latest attempt did, the reply may be there.
-    reconciling := j.d_status IN ('sending', 'unknown') OR j.d_maybe;
+    -- (A job with no delivery yet has no status to compare: false, not NULL, or every
+    -- check below that asks "NOT reconciling" would be skipped.)
+    reconciling := coalesce(j.d_status IN ('sending', 'unknown'), false) OR j.d_maybe;
     IF NOT reconciling AND chatq_withdraw_if_seller_answered(p_job, j.ck, j.created, j.ops) THEN
         r.outcome := 'skip';
         r.reason := 'withdrawn: the seller answered the chat in person';

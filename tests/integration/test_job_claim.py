@@ -142,6 +142,33 @@ async def test_a_job_whose_messages_a_sent_reply_already_covers_is_superseded(po
     assert await pool.fetchval("SELECT job_id FROM operations WHERE id = $1", op) == sent
 
 
+async def test_a_job_whose_chat_the_seller_answered_after_it_was_built_is_withdrawn_by_its_claim(pool):
+    """The seller wrote in person while a responder worked on the job (so their message did
+    not withdraw it), and that attempt failed before its send: the job is pending again.
+    Its next claim withdraws it. The claim read a job with no delivery yet as neither
+    reconciling nor not (NULL), called the withdrawal and then moved the job it had just
+    superseded on to processing, which the state check refuses: every redelivery failed
+    the same way until the queue's delivery limit gave the job up, and the messages the
+    seller had answered ended failed."""
+    op = await operation(pool, "1", at=T0)
+    job_id = await job(pool, [op])
+    await pool.execute(
+        """
+        INSERT INTO chats (chat_key, last_answered_sent_at, last_answered_message_id, last_answered_received_at,
+                           last_reply_at, seller_wrote_at, seller_message_id)
+        VALUES ($1, $2, '0', $2, $2, now() + interval '1 second', 's-1')
+        """,
+        CHAT,
+        T0,
+    )
+
+    state = await claim(pool, job_id)
+
+    assert state == Skip("withdrawn: the seller answered the chat in person")
+    assert await pool.fetchval("SELECT status FROM reply_jobs WHERE id = $1", job_id) == "superseded"
+    assert await statuses(pool, op) == [("replied", "answered by the seller (message s-1)")]
+
+
 async def test_a_message_older_than_the_chats_last_answered_one_is_answered_in_the_next_reply(pool):
     # Whatever brought it late (a person's retry, a redelivery), a buyer message no sent
     # reply covers is answered, never "ignored because a later one was answered first".
