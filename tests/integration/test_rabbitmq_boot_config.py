@@ -149,9 +149,14 @@ def test_a_node_booted_with_the_deploy_config_has_our_user_topology_policies_and
             overview = client.get(f"{api}/overview").json()
             # docs/deploying.md "Supported versions": the tested line is 3.10.
             assert overview["rabbitmq_version"].startswith("3.10."), overview["rabbitmq_version"]
-            queues = {q["name"]: q for q in client.get(f"{api}/queues/%2F").json()}
             topology = build_topology()
-            assert set(queues) == {q.name for q in topology.queues}
+            expected = {q.name for q in topology.queues}
+            # The management API lists a queue only once its stats have been emitted, a few
+            # seconds after boot: wait for the list to settle instead of reading it once.
+            deadline = time.monotonic() + 30
+            while set(queues := {q["name"]: q for q in client.get(f"{api}/queues/%2F").json()}) != expected:
+                assert time.monotonic() < deadline, sorted(queues)
+                time.sleep(0.5)
             assert {q["type"] for q in queues.values()} == {"quorum"}
             policies = {p["name"] for p in client.get(f"{api}/policies/%2F").json()}
             assert policies == {p.name for p in POLICIES}
