@@ -18,8 +18,9 @@ import shutil
 import subprocess
 import tempfile
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import TypeVar
 
 import aio_pika
 import aiormq.exceptions
@@ -36,6 +37,8 @@ pytestmark = pytest.mark.integration
 
 USER, PASSWORD = "chatq", "boot-test-password-0123"
 ADMIN, ADMIN_PASSWORD = "admin", "boot-test-admin-password-4567"
+
+T = TypeVar("T")
 
 
 @contextlib.contextmanager
@@ -138,6 +141,16 @@ async def refused_outside_chatq(port: int) -> None:
             await channel.declare_queue("not-chatq", durable=True)
 
 
+def settled(read: Callable[[], T], done: Callable[[T], bool], *, within: float = 30.0) -> T:
+    """What ``read`` returns once ``done`` holds for it; fails with the last reading after
+    ``within`` seconds."""
+    deadline = time.monotonic() + within
+    while not done(value := read()):
+        assert time.monotonic() < deadline, value
+        time.sleep(0.5)
+    return value
+
+
 def test_a_node_booted_with_the_deploy_config_has_our_user_topology_policies_and_metrics() -> None:
     with rabbitmq_node() as ports:
         api = f"http://127.0.0.1:{ports['management']}/api"
@@ -151,19 +164,19 @@ def test_a_node_booted_with_the_deploy_config_has_our_user_topology_policies_and
             assert overview["rabbitmq_version"].startswith("3.10."), overview["rabbitmq_version"]
             topology = build_topology()
             expected = {q.name for q in topology.queues}
-            # The management API lists a queue only once its stats have been emitted, a few
-            # seconds after boot: wait for the list to settle instead of reading it once.
-            deadline = time.monotonic() + 30
-            while set(queues := {q["name"]: q for q in client.get(f"{api}/queues/%2F").json()}) != expected:
-                assert time.monotonic() < deadline, sorted(queues)
-                time.sleep(0.5)
+            # The management API lists a queue, and shows its policy, only once the queue's
+            # stats have been emitted, a few seconds after boot: read until they settle.
+            queues = settled(
+                lambda: {q["name"]: q for q in client.get(f"{api}/queues/%2F").json()},
+                lambda queues: set(queues) == expected,
+            )
             assert {q["type"] for q in queues.values()} == {"quorum"}
             policies = {p["name"] for p in client.get(f"{api}/policies/%2F").json()}
             assert policies == {p.name for p in POLICIES}
-            deadline = time.monotonic() + 30  # the management stats catch up a few seconds late
-            while "policy" not in (dead := client.get(f"{api}/queues/%2F/chatq.responder.dead").json()):
-                assert time.monotonic() < deadline, dead
-                time.sleep(1)
+            dead = settled(
+                lambda: client.get(f"{api}/queues/%2F/chatq.responder.dead").json(),
+                lambda dead: "policy" in dead,
+            )
             assert dead["policy"] == "chatq-dead-letters"
             assert dead["effective_policy_definition"]["message-ttl"] > 0
 
