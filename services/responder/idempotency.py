@@ -546,20 +546,16 @@ async def _each_alone(
     return results
 
 
-_CLAIM_MANY = """
-SELECT t.i, c.*
-FROM unnest($1::uuid[], $2::integer[], $3::bigint[]) WITH ORDINALITY AS t(job, attempt, lock_key, i)
-CROSS JOIN LATERAL chatq_claim_job(t.job, t.attempt, t.lock_key, $4) AS c
-ORDER BY t.i
-"""
+_CLAIM_MANY = "SELECT t.i, (t.claim).* FROM chatq_claim_jobs($1, $2, $3, $4) AS t ORDER BY t.i"
 
 
 async def _claim_many(
     conn: Conn, items: Sequence[tuple[uuid.UUID, int, int, int]]
 ) -> Sequence[asyncpg.Record | Exception]:
-    """chatq_claim_job for each job, in one statement. If it fails for a reason that may be
-    one job's, the locks it took are given back (they outlive the rollback) and each job
-    is claimed alone."""
+    """chatq_claim_job for each job, in one statement (chatq_claim_jobs: one write per table
+    for the jobs that take the common way). If it fails for a reason that may be one job's,
+    the locks it took are given back (they outlive the rollback) and each job is claimed
+    alone."""
     history = items[0][3]
     try:
         rows = await conn.fetch(

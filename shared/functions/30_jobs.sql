@@ -23,6 +23,37 @@ LANGUAGE sql STABLE AS $$
     WINDOW w AS (ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at))
 $$;
 
+-- A chat's last p_history turns before p_before, oldest first: its buyer messages answered
+-- and its replies sent. A chat with no reply yet (no chats row) has none. Planned for its
+-- values each time (EXECUTE): its best plan depends on how much the chat has said.
+CREATE OR REPLACE FUNCTION chatq_chat_history(
+    p_platform text, p_account_id text, p_chat_id text, p_chat_key text, p_before timestamptz, p_history integer
+) RETURNS chatq_turn[] LANGUAGE plpgsql AS $$
+DECLARE
+    turns chatq_turn[];
+BEGIN
+    IF p_history <= 0 OR NOT EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = p_chat_key) THEN
+        RETURN NULL;
+    END IF;
+    EXECUTE $q$
+                SELECT coalesce(array_agg(ROW(t.role, t.body)::chatq_turn ORDER BY t.at), '{}')
+                FROM (
+                    SELECT h.role, h.body, h.at FROM (
+                        SELECT 'buyer' AS role, o.text AS body, o.received_at AS at FROM operations o
+                        WHERE o.platform = $1 AND o.account_id = $2 AND o.chat_id = $3
+                          AND o.status = 'replied' AND o.received_at < $4
+                        UNION ALL
+                        SELECT 'bot', s.reply_text, s.sent_at FROM reply_jobs s
+                        WHERE s.chat_key = $5 AND s.status = 'sent' AND s.sent_at < $4
+                    ) h
+                    ORDER BY h.at DESC LIMIT $6
+                ) t
+    $q$ INTO turns
+    USING p_platform, p_account_id, p_chat_id, p_before, p_chat_key, p_history;
+    RETURN turns;
+END
+$$;
+
 -- Withdraw a job nobody has sent yet when the seller answered its chat in person after it
 -- was built (chats.seller_wrote_at): superseded, its unfinished messages 'replied',
 -- "answered by the seller". Returns whether it did. The caller holds the job.
@@ -204,26 +235,8 @@ BEGIN
         END IF;
         r.outcome := 'claimed';
 
-        -- The conversation so far, for the model: turns before this job's messages. A chat
-        -- with no reply yet (no chats row) has none. Planned for its values each time
-        -- (EXECUTE): its best plan depends on how much the chat has said.
-        IF p_history > 0 AND EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = j.ck) THEN
-            EXECUTE $q$
-                SELECT coalesce(array_agg(ROW(t.role, t.body)::chatq_turn ORDER BY t.at), '{}')
-                FROM (
-                    SELECT h.role, h.body, h.at FROM (
-                        SELECT 'buyer' AS role, o.text AS body, o.received_at AS at FROM operations o
-                        WHERE o.platform = $1 AND o.account_id = $2 AND o.chat_id = $3
-                          AND o.status = 'replied' AND o.received_at < $4
-                        UNION ALL
-                        SELECT 'bot', s.reply_text, s.sent_at FROM reply_jobs s
-                        WHERE s.chat_key = $5 AND s.status = 'sent' AND s.sent_at < $4
-                    ) h
-                    ORDER BY h.at DESC LIMIT $6
-                ) t
-            $q$ INTO r.history
-            USING j.platform, j.account_id, j.chat_id, first_received, j.ck, p_history;
-        END IF;
+        -- The conversation so far, for the model: turns before this job's messages.
+        r.history := chatq_chat_history(j.platform, j.account_id, j.chat_id, j.ck, first_received, p_history);
     END IF;
 
     -- The messages kept, in platform order, from what was read above (no table access).
@@ -232,6 +245,255 @@ BEGIN
     FROM (SELECT u.*, chatq_order(j.platform, u.sent, u.mid, u.recv) AS o
           FROM unnest(ids, m_ids, m_texts, m_sent, m_received) AS u(id, mid, body, sent, recv)) t;
     RETURN r;
+END
+$$;
+
+-- chatq_claim_job for the jobs of one responder connection that are claimed together: one
+-- round trip, one transaction, and for the jobs that take the common way (in flight, no
+-- send of theirs that may have reached the chat, the seller not in the chat since they
+-- were built) one statement for each table it writes, whatever the number of jobs (a
+-- statement per job cost more than its rows; pg_stat_user_functions under bench.pipeline:
+-- the claim was 0.70 ms of Postgres per reply, one job at a time). Row i is job i's, the
+-- same value chatq_claim_job returns for it, and the same writes. A job off the common
+-- way (missing, final, to reconcile, to withdraw) is claimed by chatq_claim_job itself,
+-- alone, in the same transaction.
+--
+-- Each table is read and written by its key (id = ANY; a status is checked only on the
+-- rows found, "IS TRUE", as in chatq_record_sent_many). A message in two jobs of the batch
+-- (a race coverage settles) is kept by the first, as the one-by-one claims would, because
+-- the coverage row the first wrote would be read by the second.
+CREATE OR REPLACE FUNCTION chatq_claim_jobs(p_jobs uuid[], p_attempts integer[], p_lock_keys bigint[], p_history integer)
+RETURNS TABLE (i integer, claim chatq_claim_result)
+LANGUAGE plpgsql AS $$
+#variable_conflict use_column
+DECLARE
+    n integer := cardinality(p_jobs);
+    got boolean[];
+    held uuid[] := '{}';
+    r chatq_claim_result;
+    -- The jobs claimed the common way (k = 1..), with their index in p_jobs.
+    cj uuid[];
+    ci integer[];
+    cplat text[];
+    cacct text[];
+    cchat text[];
+    cck text[];
+    cops_n integer[];
+    cpaused text[];
+    cbc text[];
+    -- Their messages, job after job, each job's in its own order (fk: the job's k).
+    fo uuid[];
+    fk integer[];
+    -- What the messages are now, and who holds them.
+    rid uuid[];
+    rstatus text[];
+    rmid text[];
+    rtext text[];
+    rsent timestamptz[];
+    rrecv timestamptz[];
+    rjob uuid[];
+    rbc text[];
+    hop uuid[];
+    hjob uuid[];
+    -- The messages kept (in the order above), and those to write.
+    k_op uuid[] := '{}';
+    k_k integer[] := '{}';
+    k_mid text[] := '{}';
+    k_text text[] := '{}';
+    k_sent timestamptz[] := '{}';
+    k_recv timestamptz[] := '{}';
+    w_op uuid[] := '{}';
+    w_k integer[] := '{}';
+    m_op uuid[] := '{}';
+    m_holder uuid[] := '{}';
+    taken uuid[];
+    kept_n integer[];
+    cfirst timestamptz[];
+    x integer;
+    p integer;
+    v uuid;
+    holder uuid;
+BEGIN
+    IF n = 0 THEN
+        RETURN;
+    END IF;
+    SELECT array_agg(pg_try_advisory_lock(t.k) ORDER BY t.n) INTO got
+    FROM unnest(p_lock_keys) WITH ORDINALITY AS t(k, n);
+    FOR x IN 1 .. n LOOP
+        IF got[x] THEN
+            held := held || p_jobs[x];
+        END IF;
+    END LOOP;
+
+    -- The common way: the job moves to processing in the statement that decides it may.
+    WITH u AS (
+        UPDATE reply_jobs r SET status = 'processing', attempts = p_attempts[array_position(p_jobs, r.id)],
+               updated_at = now()
+        WHERE r.id = ANY(held) AND (r.status IN ('pending', 'processing')) IS TRUE
+          AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = r.id
+                          AND (d.status IN ('sending', 'unknown') OR d.maybe_sent) IS TRUE)
+          AND NOT EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = r.chat_key
+                          AND (c.seller_wrote_at > r.created_at) IS TRUE)
+        RETURNING r.id, r.platform, r.account_id, r.chat_id, r.chat_key, r.operation_ids
+    ), ordered AS (
+        SELECT u.*, array_position(p_jobs, u.id) AS pi FROM u
+    )
+    SELECT array_agg(o.id ORDER BY o.pi), array_agg(o.pi ORDER BY o.pi), array_agg(o.platform ORDER BY o.pi),
+           array_agg(o.account_id ORDER BY o.pi), array_agg(o.chat_id ORDER BY o.pi),
+           array_agg(o.chat_key ORDER BY o.pi), array_agg(cardinality(o.operation_ids) ORDER BY o.pi),
+           (SELECT array_agg(x.op ORDER BY q.pi, x.m) FROM ordered q, unnest(q.operation_ids) WITH ORDINALITY x(op, m)),
+           (SELECT array_agg(q.k ORDER BY q.pi, x.m)
+            FROM (SELECT q.*, row_number() OVER (ORDER BY q.pi)::integer AS k FROM ordered q) q,
+                 unnest(q.operation_ids) WITH ORDINALITY x(op, m))
+    INTO cj, ci, cplat, cacct, cchat, cck, cops_n, fo, fk
+    FROM ordered o;
+    cj := coalesce(cj, '{}');
+    fo := coalesce(fo, '{}');
+
+    IF cardinality(cj) > 0 THEN
+        -- Why each job's account may not send now (NULL: it may).
+        cpaused := ARRAY(
+            SELECT (SELECT a.state_reason FROM accounts a
+                    WHERE a.platform = t.p AND a.account_id = t.a AND a.state <> 'active')
+            FROM unnest(cplat, cacct) WITH ORDINALITY AS t(p, a, k) ORDER BY t.k);
+        cbc := array_fill(NULL::text, ARRAY[cardinality(cj)]);
+        SELECT array_agg(o.id), array_agg(o.status), array_agg(o.message_id), array_agg(o.text),
+               array_agg(o.sent_at), array_agg(o.received_at), array_agg(o.job_id),
+               array_agg(o.business_connection_id)
+        INTO rid, rstatus, rmid, rtext, rsent, rrecv, rjob, rbc
+        FROM operations o WHERE o.id = ANY(fo);
+        SELECT array_agg(rc.operation_id), array_agg(rc.job_id) INTO hop, hjob
+        FROM reply_coverage rc WHERE rc.operation_id = ANY(fo);
+        rid := coalesce(rid, '{}');
+        hop := coalesce(hop, '{}');
+
+        -- Each job keeps its messages still unanswered that no other reply holds.
+        FOR x IN 1 .. coalesce(cardinality(fo), 0) LOOP
+            v := fo[x];
+            p := array_position(rid, v);
+            CONTINUE WHEN p IS NULL;
+            cbc[fk[x]] := coalesce(rbc[p], cbc[fk[x]]);
+            holder := hjob[array_position(hop, v)];
+            IF holder IS NULL AND array_position(k_op, v) IS NOT NULL THEN
+                holder := cj[k_k[array_position(k_op, v)]];
+            END IF;
+            IF holder IS NOT NULL AND holder <> cj[fk[x]] THEN
+                IF rjob[p] = cj[fk[x]] THEN
+                    m_op := m_op || v;
+                    m_holder := m_holder || holder;
+                END IF;
+                CONTINUE;
+            END IF;
+            CONTINUE WHEN rstatus[p] NOT IN ('accepted', 'queued', 'waiting', 'replying');
+            k_op := k_op || v;
+            k_k := k_k || fk[x];
+            k_mid := k_mid || rmid[p];
+            k_text := k_text || rtext[p];
+            k_sent := k_sent || rsent[p];
+            k_recv := k_recv || rrecv[p];
+            IF rstatus[p] IN ('accepted', 'queued') OR rjob[p] IS DISTINCT FROM cj[fk[x]] THEN
+                w_op := w_op || v;
+                w_k := w_k || fk[x];
+            END IF;
+        END LOOP;
+        IF cardinality(m_op) > 0 THEN
+            UPDATE operations op SET job_id = m_holder[array_position(m_op, op.id)]
+            WHERE op.id = ANY(m_op);
+        END IF;
+
+        -- The first received of each job's messages kept so far: where its history ends.
+        cfirst := ARRAY(SELECT (SELECT min(t.recv) FROM unnest(k_k, k_recv) AS t(k, recv) WHERE t.k = g)
+                        FROM generate_series(1, cardinality(cj)) AS g ORDER BY g);
+
+        -- Take the messages; one another job took meanwhile is not ours to answer (the
+        -- primary key decides).
+        IF cardinality(k_op) > 0 THEN
+            WITH ins AS (
+                INSERT INTO reply_coverage (operation_id, job_id)
+                SELECT t.op, cj[t.k] FROM unnest(k_op, k_k) AS t(op, k)
+                ON CONFLICT (operation_id) DO UPDATE SET job_id = reply_coverage.job_id
+                RETURNING reply_coverage.operation_id AS op, reply_coverage.job_id AS h
+            )
+            SELECT coalesce(array_agg(ins.op) FILTER (WHERE ins.h <> cj[k_k[array_position(k_op, ins.op)]]), '{}')
+            INTO taken FROM ins;
+            IF cardinality(taken) > 0 THEN
+                SELECT coalesce(array_agg(t.op ORDER BY t.n), '{}'), coalesce(array_agg(t.k ORDER BY t.n), '{}'),
+                       coalesce(array_agg(t.mid ORDER BY t.n), '{}'), coalesce(array_agg(t.body ORDER BY t.n), '{}'),
+                       coalesce(array_agg(t.sent ORDER BY t.n), '{}'), coalesce(array_agg(t.recv ORDER BY t.n), '{}')
+                INTO k_op, k_k, k_mid, k_text, k_sent, k_recv
+                FROM unnest(k_op, k_k, k_mid, k_text, k_sent, k_recv) WITH ORDINALITY AS t(op, k, mid, body, sent, recv, n)
+                WHERE t.op <> ALL(taken);
+                SELECT coalesce(array_agg(t.op ORDER BY t.n), '{}'), coalesce(array_agg(t.k ORDER BY t.n), '{}')
+                INTO w_op, w_k
+                FROM unnest(w_op, w_k) WITH ORDINALITY AS t(op, k, n) WHERE t.op <> ALL(taken);
+            END IF;
+        END IF;
+        kept_n := ARRAY(SELECT (SELECT count(*) FROM unnest(k_k) AS q(k) WHERE q.k = g)::integer
+                        FROM generate_series(1, cardinality(cj)) AS g ORDER BY g);
+
+        -- A job left with no message is superseded.
+        IF 0 = ANY(kept_n) THEN
+            UPDATE reply_jobs r SET status = 'superseded', updated_at = now()
+            WHERE r.id = ANY(ARRAY(SELECT cj[g] FROM generate_series(1, cardinality(cj)) AS g WHERE kept_n[g] = 0));
+        END IF;
+        -- A message filed ('waiting') reads 'replying' from its coverage row
+        -- (chatq_shown_status): its row is written only if another job's id is on it. One
+        -- not yet filed (accepted, queued) is moved on, or its filing would take it again.
+        IF cardinality(w_op) > 0 THEN
+            UPDATE operations op
+            SET job_id = cj[w_k[array_position(w_op, op.id)]], updated_at = now(),
+                status = CASE WHEN op.status = 'waiting' THEN op.status ELSE 'replying' END
+            WHERE op.id = ANY(w_op)
+              AND (op.status IN ('accepted', 'queued') OR op.job_id IS DISTINCT FROM cj[w_k[array_position(w_op, op.id)]]) IS TRUE
+              AND (op.status = ANY(chatq_operation_sources('replying'))) IS TRUE;
+        END IF;
+        IF cardinality(k_op) > 0 THEN
+            INSERT INTO operation_events (operation_id, kind, detail, job_id)
+            SELECT t.op, 'attempt', 'attempt ' || p_attempts[ci[t.k]] || ': writing the reply', cj[t.k]
+            FROM unnest(k_op, k_k) WITH ORDINALITY AS t(op, k, n)
+            ORDER BY t.n;
+        END IF;
+    END IF;
+
+    -- Each job's row, in the caller's order.
+    FOR x IN 1 .. n LOOP
+        r := NULL;
+        p := array_position(cj, p_jobs[x]);
+        IF NOT got[x] THEN
+            r.outcome := 'busy';
+            r.reason := 'another consumer is handling this job';
+        ELSIF p IS NULL THEN
+            -- Off the common way: the job's own claim, holding its lock once, as it would.
+            r := chatq_claim_job(p_jobs[x], p_attempts[x], p_lock_keys[x], p_history);
+            PERFORM pg_advisory_unlock(p_lock_keys[x]);
+        ELSE
+            r.platform := cplat[p];
+            r.account_id := cacct[p];
+            r.chat_id := cchat[p];
+            r.chat_key := cck[p];
+            r.account_paused := cpaused[p];
+            r.business_connection_id := cbc[p];
+            IF kept_n[p] = 0 THEN
+                r.outcome := 'skip';
+                r.reason := 'every message is answered or held by another reply';
+            ELSE
+                r.outcome := 'claimed';
+                SELECT array_agg(ROW(t.op, t.mid, t.body, t.sent, t.recv)::chatq_job_message
+                                 ORDER BY chatq_order(cplat[p], t.sent, t.mid, t.recv))
+                INTO r.messages
+                FROM unnest(k_op, k_k, k_mid, k_text, k_sent, k_recv) AS t(op, k, mid, body, sent, recv)
+                WHERE t.k = p;
+                IF kept_n[p] <> cops_n[p] THEN
+                    UPDATE reply_jobs j SET operation_ids = ARRAY(SELECT (m).operation_id FROM unnest(r.messages) AS m)
+                    WHERE j.id = cj[p];
+                END IF;
+                r.history := chatq_chat_history(cplat[p], cacct[p], cchat[p], cck[p], cfirst[p], p_history);
+            END IF;
+        END IF;
+        i := x;
+        claim := r;
+        RETURN NEXT;
+    END LOOP;
 END
 $$;
 
