@@ -88,18 +88,22 @@ CREATE OR REPLACE FUNCTION chatq_file_messages(
     p_due_at timestamptz[], p_delay_seconds double precision[], p_message_counts integer[],
     p_operations uuid[], p_operation_windows uuid[], p_operation_due_at timestamptz[]
 ) RETURNS void LANGUAGE plpgsql
--- Every row this function reads or writes is found by its key, one probe each; no plan of
--- its statements may scan a table instead. Cached for the session, a plan made on
--- statistics taken while the tables were small (a quiet minute, the benchmark's warm-up)
--- otherwise runs a join with the batch's arrays as a scan: at 2,000 messages in transit the
--- planner prefers reading them all to ten probes (tests/integration/test_filing_cost.py).
+-- No statement of this function may read a table by a scan, or by a walk of an index with
+-- no condition to descend by (bitmap scans, which read in bulk, off with them): each row it
+-- reads or writes is found by its key. Plans made on statistics taken while the tables
+-- were small (a quiet minute, the benchmark's warm-up) otherwise prefer reading everything
+-- to a few probes (tests/integration/test_filing_cost.py counts the rows read).
 SET enable_seqscan = off SET enable_bitmapscan = off
 AS $$
 BEGIN
     INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
                               deadline_at, due_at, delay_seconds, message_count, blocked)
     SELECT v.id, v.chat_key, v.platform, v.account_id, v.chat_id, 'open', v.first_at, v.last_at, v.deadline_at,
-           v.due_at, v.delay_seconds, v.message_count, chatq_chat_blocked(v.chat_key)
+           v.due_at, v.delay_seconds, v.message_count,
+           -- chatq_chat_blocked, inline: its probes planned under this function's settings
+           -- (a cached plan of its own would keep them for its other callers).
+           EXISTS (SELECT 1 FROM reply_jobs j WHERE j.chat_key = v.chat_key AND j.status IN ('pending', 'processing'))
+           OR EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = v.chat_key AND c.held_until > clock_timestamp())
     FROM unnest(p_window_ids, p_opened, p_chat_keys, p_platforms, p_account_ids, p_chat_ids, p_first_at,
                 p_last_at, p_deadline_at, p_due_at, p_delay_seconds, p_message_counts)
          AS v(id, opened, chat_key, platform, account_id, chat_id, first_at, last_at, deadline_at, due_at,
@@ -128,12 +132,16 @@ BEGIN
     ) c ON true
     ORDER BY v.n;
     -- Filing comes before any reply: only a message not yet in a window moves. One statement
-    -- for the batch (it was one a message, 0.14 ms each under bench.pipeline), each row by
-    -- its primary key: the status test is wrapped (IS TRUE) so that no index by status can
-    -- serve it, and a scan is off (above), which leaves the probes.
-    UPDATE operations o SET status = 'waiting', updated_at = now()
-    FROM unnest(p_operations) AS v(op)
-    WHERE o.id = v.op AND (o.status = ANY(chatq_operation_sources('waiting'))) IS TRUE;
+    -- for the batch (it was one a message, 0.14 ms each under bench.pipeline): an index
+    -- scan of the primary key for the ids (one descent each, in key order: the rows are
+    -- locked in that order, as chatq_claim_jobs' own id = ANY locks a batch's), and no other
+    -- path. Joined with unnest(p_operations) instead, a plan made for the real array (a
+    -- session's first five calls) ran it as a nested loop over a walk of the whole primary
+    -- key: every row read, and each compared with every id (1,064 rows and 68,032
+    -- comparisons, 9 ms, for 64 messages). The status test is wrapped (IS TRUE) so that no
+    -- index by status can serve it.
+    UPDATE operations SET status = 'waiting', updated_at = now()
+    WHERE id = ANY(p_operations) AND (status = ANY(chatq_operation_sources('waiting'))) IS TRUE;
 END
 $$;
 

@@ -9,6 +9,7 @@ Postgres' own index statistics, so it does not depend on the machine's speed."""
 
 from __future__ import annotations
 
+import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -69,22 +70,7 @@ async def test_filing_moves_each_message_by_key_even_when_the_statistics_predate
             await conn.execute("SELECT pg_stat_force_next_flush()")
             before = await conn.fetchval(counts)
         for b, ids in enumerate(batches):
-            filed = await coalescer.file_many(
-                [
-                    InboundMessage(
-                        operation_id=op,
-                        platform="telegram",
-                        account_id="4242",
-                        chat_id=f"b{b}-{i + 1}",
-                        message_id="1",
-                        author_id="u",
-                        text="hello",
-                        sent_at=now,
-                        received_at=now,
-                    )
-                    for i, op in enumerate(ids)
-                ]
-            )
+            filed = await coalescer.file_many(inbound(ids, f"b{b}-", now))
             assert all(f is not None and not isinstance(f, Exception) for f in filed)
         async with pool.acquire() as conn:
             await conn.execute("SELECT pg_stat_force_next_flush()")
@@ -101,3 +87,127 @@ async def test_filing_moves_each_message_by_key_even_when_the_statistics_predate
     )
     # Past PL/pgSQL's fifth call its plan is generic: still by key, not the 2,000 in transit.
     assert read < BATCHES * EACH * 10
+
+
+# Every index of operations, its primary key included, and scans: a nested loop over a walk
+# of the whole primary key is no scan by enable_seqscan's reckoning, yet reads every row.
+ALL_READS = """
+    SELECT (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = 'operations')
+           + (SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = 'operations')
+"""
+FULL_BATCH = 64  # Settings.coalescer_file_batch_messages' default
+
+
+def inbound(ops: list[uuid.UUID], prefix: str, now: datetime) -> list[InboundMessage]:
+    return [
+        InboundMessage(
+            operation_id=op,
+            platform="telegram",
+            account_id="4242",
+            chat_id=f"{prefix}{i + 1}",
+            message_id="1",
+            author_id="u",
+            text="hello",
+            sent_at=now,
+            received_at=now,
+        )
+        for i, op in enumerate(ops)
+    ]
+
+
+async def test_a_full_batch_is_filed_by_key_from_the_first_call_of_a_session(infra) -> None:
+    # PL/pgSQL plans a function's first five calls in a session for their values: with 64
+    # messages beside 1,000, the move to waiting written as a join with unnest(ids) ran as a
+    # nested loop over the whole primary key (1,256-1,752 rows read a batch, found by a
+    # review), where the loop before it read 3 a message. Each batch here is the first call
+    # of a fresh pool's session.
+    now = datetime.now(UTC)
+    per_batch = []
+    for b in range(3):
+        pool = await create_pool(infra.database_url, size=1)
+        try:
+            async with pool.acquire() as conn:
+                if b == 0:
+                    await conn.execute("ANALYZE operations")  # no message in transit
+                    await in_transit(conn, "crowd-", 1000, now - timedelta(seconds=5))
+                ids = await in_transit(conn, f"full{b}-", FULL_BATCH, now)
+                await conn.execute("SELECT pg_stat_force_next_flush()")
+                before = await conn.fetchval(ALL_READS)
+            coalescer = Coalescer(pool, WindowPolicy(quiet=0, delay_min=30, delay_max=30, max_wait=60))
+            filed = await coalescer.file_many(inbound(ids, f"full{b}-", now))
+            assert all(f is not None and not isinstance(f, Exception) for f in filed)
+            async with pool.acquire() as conn:
+                await conn.execute("SELECT pg_stat_force_next_flush()")
+                per_batch.append(await conn.fetchval(ALL_READS) - before)
+        finally:
+            await pool.close()
+    print(f"\nrows of operations read a batch of {FULL_BATCH} beside 1,000 in transit: {per_batch}")
+    # The lock step's probe, two foreign-key checks and the move: at most 4 a message.
+    assert max(per_batch) <= FULL_BATCH * 4, per_batch
+
+
+async def test_filing_locks_a_batchs_messages_in_key_order_so_a_writer_in_that_order_never_deadlocks_it(
+    infra,
+) -> None:
+    # The claim of a batch of jobs (chatq_claim_jobs) moves their messages by id = ANY, in
+    # key order. Were filing to lock in another order (its plan's: a walk, or the batch's),
+    # a writer holding the first message by key while filing waits on it could then ask for
+    # one filing already holds: a deadlock, and a failed batch. In key order filing holds
+    # nothing past the message it waits on.
+    now = datetime.now(UTC)
+    filer = await asyncpg.connect(infra.database_url)
+    writer = await asyncpg.connect(infra.database_url)
+    try:
+        await filer.execute("ANALYZE operations")
+        await in_transit(filer, "crowd2-", 1000, now - timedelta(seconds=5))
+        ids = await in_transit(filer, "order-", FULL_BATCH, now)
+        by_key = sorted(ids, key=lambda u: u.bytes)
+        tx = writer.transaction()
+        await tx.start()
+        await writer.execute("UPDATE operations SET updated_at = now() WHERE id = $1", by_key[0])
+        windows = [uuid.uuid4() for _ in ids]
+        n = len(ids)
+        due = now + timedelta(seconds=30)
+        filing = asyncio.create_task(
+            filer.execute(
+                """
+                SELECT chatq_file_messages($1::uuid[], $2::boolean[], $3::text[], $4::text[], $5::text[],
+                    $6::text[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $10::timestamptz[],
+                    $11::float8[], $12::int[], $13::uuid[], $14::uuid[], $15::timestamptz[])
+                """,
+                windows,
+                [True] * n,
+                [f"telegram:4242:order-{i + 1}" for i in range(n)],
+                ["telegram"] * n,
+                ["4242"] * n,
+                [f"order-{i + 1}" for i in range(n)],
+                [now] * n,
+                [now] * n,
+                [now + timedelta(seconds=60)] * n,
+                [due] * n,
+                [30.0] * n,
+                [1] * n,
+                ids,
+                windows,
+                [due] * n,
+            )
+        )
+        deadline = asyncio.get_running_loop().time() + 20
+        while not await writer.fetchval(
+            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", filer.get_server_pid()
+        ):
+            assert asyncio.get_running_loop().time() < deadline, "filing never waited on the held message"
+            await asyncio.sleep(0.05)
+        # Filing waits on the first message by key; the writer now takes the last (and the
+        # batch's first, if another): filing holds neither.
+        for op in {by_key[-1], ids[0]} - {by_key[0]}:
+            await writer.execute("UPDATE operations SET updated_at = now() WHERE id = $1", op)
+        await tx.commit()
+        await asyncio.wait_for(filing, 20)  # no deadlock: it goes on once the writer is done
+        waiting = await filer.fetchval(
+            "SELECT count(*) FROM operations WHERE id = ANY($1::uuid[]) AND status = 'waiting'", ids
+        )
+    finally:
+        await filer.close()
+        await writer.close()
+    assert waiting == FULL_BATCH
