@@ -99,20 +99,31 @@ BEGIN
     INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
                               deadline_at, due_at, delay_seconds, message_count, blocked)
     SELECT v.id, v.chat_key, v.platform, v.account_id, v.chat_id, 'open', v.first_at, v.last_at, v.deadline_at,
-           v.due_at, v.delay_seconds, v.message_count,
-           -- chatq_chat_blocked, inline: its probes planned under this function's settings
-           -- (a cached plan of its own would keep them for its other callers).
-           EXISTS (SELECT 1 FROM reply_jobs j WHERE j.chat_key = v.chat_key AND j.status IN ('pending', 'processing'))
-           OR EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = v.chat_key AND c.held_until > clock_timestamp())
+           v.due_at, v.delay_seconds, v.message_count, j.busy IS NOT NULL OR c.held IS NOT NULL
     FROM unnest(p_window_ids, p_opened, p_chat_keys, p_platforms, p_account_ids, p_chat_ids, p_first_at,
                 p_last_at, p_deadline_at, p_due_at, p_delay_seconds, p_message_counts)
          AS v(id, opened, chat_key, platform, account_id, chat_id, first_at, last_at, deadline_at, due_at,
               delay_seconds, message_count)
+    -- chatq_chat_blocked, inline, as probes by key (LIMIT 1): written as EXISTS, a plan made
+    -- for the batch's real size read every job in flight once into a hashed set (3,000 for
+    -- 64 messages, found by a review); as a call, its plans, made under this function's
+    -- settings, would be kept for the function's other callers.
+    LEFT JOIN LATERAL (
+        SELECT true AS busy FROM reply_jobs j
+        WHERE j.chat_key = v.chat_key AND j.status IN ('pending', 'processing') LIMIT 1
+    ) j ON true
+    LEFT JOIN LATERAL (
+        SELECT true AS held FROM chats c WHERE c.chat_key = v.chat_key AND c.held_until > clock_timestamp() LIMIT 1
+    ) c ON true
     WHERE v.opened;
-    UPDATE chat_windows w SET last_at = v.last_at, due_at = v.due_at, message_count = v.message_count
-    FROM unnest(p_window_ids, p_opened, p_chat_keys, p_last_at, p_due_at, p_message_counts)
-         AS v(id, opened, chat_key, last_at, due_at, message_count)
-    WHERE NOT v.opened AND w.id = v.id AND w.chat_key = v.chat_key;
+    -- The windows moved on, by key (id = ANY: one descent each), their values by position.
+    UPDATE chat_windows w
+    SET last_at = p_last_at[array_position(p_window_ids, w.id)],
+        due_at = p_due_at[array_position(p_window_ids, w.id)],
+        message_count = p_message_counts[array_position(p_window_ids, w.id)]
+    WHERE w.id = ANY(p_window_ids)
+      AND (NOT p_opened[array_position(p_window_ids, w.id)]
+           AND w.chat_key = p_chat_keys[array_position(p_window_ids, w.id)]) IS TRUE;
     INSERT INTO window_messages (operation_id, window_id)
     SELECT v.op, v.window_id FROM unnest(p_operations, p_operation_windows) AS v(op, window_id);
     INSERT INTO operation_events (operation_id, kind, detail)
@@ -133,13 +144,16 @@ BEGIN
     ORDER BY v.n;
     -- Filing comes before any reply: only a message not yet in a window moves. One statement
     -- for the batch (it was one a message, 0.14 ms each under bench.pipeline): an index
-    -- scan of the primary key for the ids (one descent each, in key order: the rows are
-    -- locked in that order, as chatq_claim_jobs' own id = ANY locks a batch's), and no other
-    -- path. Joined with unnest(p_operations) instead, a plan made for the real array (a
-    -- session's first five calls) ran it as a nested loop over a walk of the whole primary
-    -- key: every row read, and each compared with every id (1,064 rows and 68,032
-    -- comparisons, 9 ms, for 64 messages). The status test is wrapped (IS TRUE) so that no
-    -- index by status can serve it.
+    -- scan of the primary key for the ids, one descent each, and no other path. Joined with
+    -- unnest(p_operations) instead, a plan made for the real array (a session's first five
+    -- calls) ran it as a nested loop over a walk of the whole primary key: every row read,
+    -- and each compared with every id (1,064 rows and 68,032 comparisons, 9 ms, for 64
+    -- messages). The status test is wrapped (IS TRUE) so that no index by status can serve
+    -- it. The rows are locked in key order (the loop locked them in the batch's): a writer
+    -- of a message not yet filed takes its chat's lock first (filing holds it) or writes one
+    -- row, so none waits on these rows holding another of them; only a job listing a
+    -- message never filed, which nothing writes, would lock such rows in its own order, and
+    -- a deadlock fails one of the two transactions, retried whole (class 40 is transient).
     UPDATE operations SET status = 'waiting', updated_at = now()
     WHERE id = ANY(p_operations) AND (status = ANY(chatq_operation_sources('waiting'))) IS TRUE;
 END

@@ -9,7 +9,6 @@ Postgres' own index statistics, so it does not depend on the machine's speed."""
 
 from __future__ import annotations
 
-import asyncio
 import uuid
 from datetime import UTC, datetime, timedelta
 
@@ -89,12 +88,50 @@ async def test_filing_moves_each_message_by_key_even_when_the_statistics_predate
     assert read < BATCHES * EACH * 10
 
 
-# Every index of operations, its primary key included, and scans: a nested loop over a walk
-# of the whole primary key is no scan by enable_seqscan's reckoning, yet reads every row.
+# Every index of the tables filing reads, primary keys included, and scans: a nested loop
+# over a walk of a whole primary key is no scan by enable_seqscan's reckoning, yet reads
+# every row.
 ALL_READS = """
-    SELECT (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = 'operations')
-           + (SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = 'operations')
+    SELECT (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = ANY($1::text[]))
+           + (SELECT sum(seq_tup_read) FROM pg_stat_user_tables WHERE relname = ANY($1::text[]))
 """
+READ_TABLES = ["operations", "reply_jobs", "chats", "chat_windows"]
+IN_FLIGHT = 300  # chats with a reply job in flight (their new windows open blocked)
+HELD = 300  # chats the seller holds
+
+
+async def jobs_in_flight_and_held_chats(conn: asyncpg.Connection, now: datetime) -> None:
+    """IN_FLIGHT chats (jf-1..) each with a closed window and a pending reply job, HELD
+    chats (jh-1..) held by the seller for an hour."""
+    await conn.execute(
+        """
+        INSERT INTO chats (chat_key, last_answered_sent_at, last_answered_message_id, last_reply_at,
+                           seller_wrote_at, held_until)
+        SELECT 'telegram:4242:jh-' || i, $1, 'm', $1, $1, $1::timestamptz + interval '1 hour'
+        FROM generate_series(1, $2) i
+        """,
+        now,
+        HELD,
+    )
+    await conn.execute(
+        """
+        WITH w AS (
+            INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                                      deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
+            SELECT gen_random_uuid(), 'telegram:4242:jf-' || i, 'telegram', '4242', 'jf-' || i, 'closed',
+                   $1, $1, $1, $1, 0, 1, $1, gen_random_uuid()
+            FROM generate_series(1, $2) i
+            RETURNING id, chat_key, chat_id, job_id
+        )
+        INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status, operation_ids)
+        SELECT w.job_id, w.id, w.chat_key, 'telegram', '4242', w.chat_id, 'pending', ARRAY[gen_random_uuid()]
+        FROM w
+        """,
+        now,
+        IN_FLIGHT,
+    )
+
+
 FULL_BATCH = 64  # Settings.coalescer_file_batch_messages' default
 
 
@@ -115,99 +152,75 @@ def inbound(ops: list[uuid.UUID], prefix: str, now: datetime) -> list[InboundMes
     ]
 
 
+async def queued_in(conn: asyncpg.Connection, chats: list[str], at: datetime) -> list[uuid.UUID]:
+    """One queued message in each of these chats."""
+    ids = [uuid.uuid4() for _ in chats]
+    await conn.execute(
+        """
+        INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id, author_id, text,
+                                sent_at, status, received_at, payload)
+        SELECT id, 'telegram', '4242', 'e-' || chat, chat, '1', 'u', 'hello', $3, 'queued', $3, '{}'
+        FROM unnest($1::uuid[], $2::text[]) AS t(id, chat)
+        """,
+        ids,
+        chats,
+        at,
+    )
+    return ids
+
+
 async def test_a_full_batch_is_filed_by_key_from_the_first_call_of_a_session(infra) -> None:
-    # PL/pgSQL plans a function's first five calls in a session for their values: with 64
+    # PL/pgSQL plans a function's first five calls in a session for their values. With 64
     # messages beside 1,000, the move to waiting written as a join with unnest(ids) ran as a
-    # nested loop over the whole primary key (1,256-1,752 rows read a batch, found by a
-    # review), where the loop before it read 3 a message. Each batch here is the first call
-    # of a fresh pool's session.
+    # nested loop over the whole primary key (1,256-1,752 rows read a batch), and the blocked
+    # check written as EXISTS read every job in flight into a hashed set (both found by
+    # reviews), where the loop before them read 3 rows of operations a message. Each batch
+    # here is the first call of a fresh pool's session, on statistics of empty tables; a
+    # third of its messages open a window in a chat with a job in flight, a third in a chat
+    # the seller holds (both open blocked), the rest in new chats.
     now = datetime.now(UTC)
     per_batch = []
+    third = FULL_BATCH // 3
     for b in range(3):
+        chats = (
+            [f"jf-{b * third + i + 1}" for i in range(third)]
+            + [f"jh-{b * third + i + 1}" for i in range(third)]
+            + [f"new{b}-{i + 1}" for i in range(FULL_BATCH - 2 * third)]
+        )
         pool = await create_pool(infra.database_url, size=1)
         try:
             async with pool.acquire() as conn:
                 if b == 0:
-                    await conn.execute("ANALYZE operations")  # no message in transit
+                    await conn.execute("ANALYZE")  # every table empty
                     await in_transit(conn, "crowd-", 1000, now - timedelta(seconds=5))
-                ids = await in_transit(conn, f"full{b}-", FULL_BATCH, now)
+                    await jobs_in_flight_and_held_chats(conn, now)
+                ids = await queued_in(conn, chats, now)
                 await conn.execute("SELECT pg_stat_force_next_flush()")
-                before = await conn.fetchval(ALL_READS)
+                before = {t: await conn.fetchval(ALL_READS, [t]) for t in READ_TABLES}
+            messages = [
+                m.model_copy(update={"chat_id": chat})
+                for m, chat in zip(inbound(ids, "", now), chats, strict=True)
+            ]
             coalescer = Coalescer(pool, WindowPolicy(quiet=0, delay_min=30, delay_max=30, max_wait=60))
-            filed = await coalescer.file_many(inbound(ids, f"full{b}-", now))
+            filed = await coalescer.file_many(messages)
             assert all(f is not None and not isinstance(f, Exception) for f in filed)
             async with pool.acquire() as conn:
                 await conn.execute("SELECT pg_stat_force_next_flush()")
-                per_batch.append(await conn.fetchval(ALL_READS) - before)
+                per_batch.append({t: await conn.fetchval(ALL_READS, [t]) - before[t] for t in READ_TABLES})
+                blocked = await conn.fetchval(
+                    "SELECT count(*) FROM chat_windows WHERE status = 'open' AND blocked AND chat_id = ANY($1::text[])",
+                    chats,
+                )
         finally:
             await pool.close()
-    print(f"\nrows of operations read a batch of {FULL_BATCH} beside 1,000 in transit: {per_batch}")
-    # The lock step's probe, two foreign-key checks and the move: at most 4 a message.
-    assert max(per_batch) <= FULL_BATCH * 4, per_batch
-
-
-async def test_filing_locks_a_batchs_messages_in_key_order_so_a_writer_in_that_order_never_deadlocks_it(
-    infra,
-) -> None:
-    # The claim of a batch of jobs (chatq_claim_jobs) moves their messages by id = ANY, in
-    # key order. Were filing to lock in another order (its plan's: a walk, or the batch's),
-    # a writer holding the first message by key while filing waits on it could then ask for
-    # one filing already holds: a deadlock, and a failed batch. In key order filing holds
-    # nothing past the message it waits on.
-    now = datetime.now(UTC)
-    filer = await asyncpg.connect(infra.database_url)
-    writer = await asyncpg.connect(infra.database_url)
-    try:
-        await filer.execute("ANALYZE operations")
-        await in_transit(filer, "crowd2-", 1000, now - timedelta(seconds=5))
-        ids = await in_transit(filer, "order-", FULL_BATCH, now)
-        by_key = sorted(ids, key=lambda u: u.bytes)
-        tx = writer.transaction()
-        await tx.start()
-        await writer.execute("UPDATE operations SET updated_at = now() WHERE id = $1", by_key[0])
-        windows = [uuid.uuid4() for _ in ids]
-        n = len(ids)
-        due = now + timedelta(seconds=30)
-        filing = asyncio.create_task(
-            filer.execute(
-                """
-                SELECT chatq_file_messages($1::uuid[], $2::boolean[], $3::text[], $4::text[], $5::text[],
-                    $6::text[], $7::timestamptz[], $8::timestamptz[], $9::timestamptz[], $10::timestamptz[],
-                    $11::float8[], $12::int[], $13::uuid[], $14::uuid[], $15::timestamptz[])
-                """,
-                windows,
-                [True] * n,
-                [f"telegram:4242:order-{i + 1}" for i in range(n)],
-                ["telegram"] * n,
-                ["4242"] * n,
-                [f"order-{i + 1}" for i in range(n)],
-                [now] * n,
-                [now] * n,
-                [now + timedelta(seconds=60)] * n,
-                [due] * n,
-                [30.0] * n,
-                [1] * n,
-                ids,
-                windows,
-                [due] * n,
-            )
-        )
-        deadline = asyncio.get_running_loop().time() + 20
-        while not await writer.fetchval(
-            "SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = $1", filer.get_server_pid()
-        ):
-            assert asyncio.get_running_loop().time() < deadline, "filing never waited on the held message"
-            await asyncio.sleep(0.05)
-        # Filing waits on the first message by key; the writer now takes the last (and the
-        # batch's first, if another): filing holds neither.
-        for op in {by_key[-1], ids[0]} - {by_key[0]}:
-            await writer.execute("UPDATE operations SET updated_at = now() WHERE id = $1", op)
-        await tx.commit()
-        await asyncio.wait_for(filing, 20)  # no deadlock: it goes on once the writer is done
-        waiting = await filer.fetchval(
-            "SELECT count(*) FROM operations WHERE id = ANY($1::uuid[]) AND status = 'waiting'", ids
-        )
-    finally:
-        await filer.close()
-        await writer.close()
-    assert waiting == FULL_BATCH
+        assert blocked == 2 * third  # the checks still see the jobs in flight and the holds
+    print(
+        f"\nrows read a batch of {FULL_BATCH} beside 1,000 in transit, {IN_FLIGHT} jobs in flight: {per_batch}"
+    )
+    # A message's reads, at most: of operations 4 (the lock step's probe, two foreign-key
+    # checks, the move), of chat_windows 5 (the lock step's two probes by chat, the events'
+    # by id, foreign-key checks), of reply_jobs and chats 1 (the blocked check's probes;
+    # the hashed set read all 300 jobs in flight).
+    most = {"operations": 4, "chat_windows": 5, "reply_jobs": 1, "chats": 1}
+    for reads in per_batch:
+        assert all(reads[t] <= FULL_BATCH * most[t] for t in READ_TABLES), per_batch
