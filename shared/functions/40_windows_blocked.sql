@@ -13,6 +13,8 @@
 -- unique key (pg_stat_user_functions under bench.responder: 0.08 -> 0.04 ms a call). Not
 -- so for every such function: chatq_earlier_in_transit's generic plan walked every
 -- message in transit (1 ms a call), so it stays planned for its values.
+-- Filing (chatq_file_messages, 20_windows.sql) makes the same two checks inline, as probes
+-- in its windows' INSERT: change both together (test_filing_cost.py holds them equal).
 CREATE OR REPLACE FUNCTION chatq_chat_blocked(p_chat_key text) RETURNS boolean LANGUAGE plpgsql STABLE AS $$
 BEGIN
     RETURN EXISTS (SELECT 1 FROM reply_jobs j WHERE j.chat_key = p_chat_key AND j.status IN ('pending', 'processing'))

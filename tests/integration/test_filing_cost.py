@@ -91,9 +91,9 @@ async def test_filing_moves_each_message_by_key_even_when_the_statistics_predate
 # Every index of the tables filing reads, primary keys included, and scans: a nested loop
 # over a walk of a whole primary key is no scan by enable_seqscan's reckoning, yet reads
 # every row.
-ALL_READS = """
-    SELECT (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = ANY($1::text[]))
-           + (SELECT sum(seq_tup_read) FROM pg_stat_user_tables WHERE relname = ANY($1::text[]))
+READS = """
+    SELECT (SELECT sum(idx_tup_read) FROM pg_stat_user_indexes WHERE relname = $1)
+           + (SELECT seq_tup_read FROM pg_stat_user_tables WHERE relname = $1)
 """
 READ_TABLES = ["operations", "reply_jobs", "chats", "chat_windows"]
 IN_FLIGHT = 300  # chats with a reply job in flight (their new windows open blocked)
@@ -169,6 +169,16 @@ async def queued_in(conn: asyncpg.Connection, chats: list[str], at: datetime) ->
     return ids
 
 
+async def file_in(pool: asyncpg.Pool, ids: list[uuid.UUID], chats: list[str], now: datetime) -> None:
+    """File message ids[i] of chat chats[i] as the coalescer's one batch; each filed."""
+    messages = [
+        m.model_copy(update={"chat_id": chat}) for m, chat in zip(inbound(ids, "", now), chats, strict=True)
+    ]
+    coalescer = Coalescer(pool, WindowPolicy(quiet=0, delay_min=30, delay_max=30, max_wait=60))
+    filed = await coalescer.file_many(messages)
+    assert all(f is not None and not isinstance(f, Exception) for f in filed)
+
+
 async def test_a_full_batch_is_filed_by_key_from_the_first_call_of_a_session(infra) -> None:
     # PL/pgSQL plans a function's first five calls in a session for their values. With 64
     # messages beside 1,000, the move to waiting written as a join with unnest(ids) ran as a
@@ -196,17 +206,11 @@ async def test_a_full_batch_is_filed_by_key_from_the_first_call_of_a_session(inf
                     await jobs_in_flight_and_held_chats(conn, now)
                 ids = await queued_in(conn, chats, now)
                 await conn.execute("SELECT pg_stat_force_next_flush()")
-                before = {t: await conn.fetchval(ALL_READS, [t]) for t in READ_TABLES}
-            messages = [
-                m.model_copy(update={"chat_id": chat})
-                for m, chat in zip(inbound(ids, "", now), chats, strict=True)
-            ]
-            coalescer = Coalescer(pool, WindowPolicy(quiet=0, delay_min=30, delay_max=30, max_wait=60))
-            filed = await coalescer.file_many(messages)
-            assert all(f is not None and not isinstance(f, Exception) for f in filed)
+                before = {t: await conn.fetchval(READS, t) for t in READ_TABLES}
+            await file_in(pool, ids, chats, now)
             async with pool.acquire() as conn:
                 await conn.execute("SELECT pg_stat_force_next_flush()")
-                per_batch.append({t: await conn.fetchval(ALL_READS, [t]) - before[t] for t in READ_TABLES})
+                per_batch.append({t: await conn.fetchval(READS, t) - before[t] for t in READ_TABLES})
                 blocked = await conn.fetchval(
                     "SELECT count(*) FROM chat_windows WHERE status = 'open' AND blocked AND chat_id = ANY($1::text[])",
                     chats,
@@ -224,3 +228,70 @@ async def test_a_full_batch_is_filed_by_key_from_the_first_call_of_a_session(inf
     most = {"operations": 4, "chat_windows": 5, "reply_jobs": 1, "chats": 1}
     for reads in per_batch:
         assert all(reads[t] <= FULL_BATCH * most[t] for t in READ_TABLES), per_batch
+
+
+async def test_filing_opens_a_window_blocked_exactly_when_chatq_chat_blocked_says_the_chat_is(infra) -> None:
+    # Filing inlines chatq_chat_blocked's two checks as probes (its own plans, made under
+    # filing's settings, would stay cached for its other callers): the two must agree for
+    # every job state and hold, or a window would open free while a reply is in flight.
+    now = datetime.now(UTC)
+    cases = [
+        (job, hold)
+        for job in (None, "pending", "processing", "sent", "superseded")
+        for hold in (None, timedelta(hours=1), -timedelta(hours=1))
+    ]
+    chats = [f"eq-{i}" for i in range(len(cases))]
+    pool = await create_pool(infra.database_url, size=1)
+    try:
+        async with pool.acquire() as conn:
+            for chat, (job, hold) in zip(chats, cases, strict=True):
+                key = f"telegram:4242:{chat}"
+                if job is not None:
+                    await conn.execute(
+                        """
+                        WITH w AS (
+                            INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at,
+                                                      last_at, deadline_at, due_at, delay_seconds, message_count,
+                                                      closed_at, job_id)
+                            VALUES (gen_random_uuid(), $1, 'telegram', '4242', $2, 'closed', $3, $3, $3, $3, 0, 1,
+                                    $3, gen_random_uuid())
+                            RETURNING id, job_id
+                        )
+                        INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
+                                                operation_ids, reply_text, sent_at)
+                        SELECT w.job_id, w.id, $1, 'telegram', '4242', $2, $4, ARRAY[gen_random_uuid()],
+                               CASE WHEN $4 = 'sent' THEN 'r' END, CASE WHEN $4 = 'sent' THEN $3::timestamptz END
+                        FROM w
+                        """,
+                        key,
+                        chat,
+                        now,
+                        job,
+                    )
+                if hold is not None:
+                    await conn.execute(
+                        """
+                        INSERT INTO chats (chat_key, last_answered_sent_at, last_answered_message_id, last_reply_at,
+                                           seller_wrote_at, held_until)
+                        VALUES ($1, $2, 'm', $2, $2, $2::timestamptz + $3)
+                        """,
+                        key,
+                        now,
+                        hold,
+                    )
+            ids = await queued_in(conn, chats, now)
+        await file_in(pool, ids, chats, now)
+        async with pool.acquire() as conn:
+            rows = await conn.fetch(
+                """
+                SELECT w.chat_id, w.blocked, chatq_chat_blocked(w.chat_key) AS by_function
+                FROM chat_windows w WHERE w.status = 'open' AND w.chat_id = ANY($1::text[])
+                """,
+                chats,
+            )
+    finally:
+        await pool.close()
+    got = {r["chat_id"]: (r["blocked"], r["by_function"]) for r in rows}
+    for chat, (job, hold) in zip(chats, cases, strict=True):
+        expected = job in ("pending", "processing") or (hold is not None and hold > timedelta(0))
+        assert got[chat] == (expected, expected), (job, hold, got[chat])
