@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
-from aio_pika.abc import AbstractChannel, AbstractExchange
+from aio_pika.abc import AbstractChannel
 
 from shared.broker.connection import BrokerConnection
 
@@ -33,21 +33,11 @@ class ConfirmingPublisher:
         self._broker = broker
         self._confirm_timeout = confirm_timeout
         self._channel: AbstractChannel | None = None
-        self._exchanges: dict[str, AbstractExchange] = {}
 
     async def _ensure_channel(self) -> AbstractChannel:
         if self._channel is None or self._channel.is_closed:
-            self._exchanges.clear()
             self._channel = await self._broker.channel(publisher_confirms=True)
         return self._channel
-
-    async def _exchange(self, name: str) -> AbstractExchange:
-        exchange = self._exchanges.get(name)
-        if exchange is None:
-            channel = await self._ensure_channel()
-            exchange = await channel.get_exchange(name, ensure=False)
-            self._exchanges[name] = exchange
-        return exchange
 
     async def ensure_ready(self) -> None:
         """Open the connection and channel now rather than at the first publish, so an
@@ -55,22 +45,35 @@ class ConfirmingPublisher:
         await self._ensure_channel()
 
     async def publish_many(self, messages: Sequence[OutgoingMessage]) -> list[BaseException | None]:
-        """Publish all messages with their confirms in flight together."""
-        await self._ensure_channel()
-        exchanges = {name: await self._exchange(name) for name in {m.exchange for m in messages}}
+        """Publish all messages with their confirms in flight together.
+
+        Each is handed to aiormq's channel with ``wait=False``: its frames are queued for
+        the connection's writer and the call waits for the broker's confirm, not for the
+        frames to drain. (``Exchange.publish`` waits for the drain while holding the
+        channel's lock, so the publishes of a batch went out one at a time, each a turn of
+        the event loop and a socket write of its own before the next was queued.) What a
+        result means is unchanged: the same channel (confirms, ``on_return_raises``) turns
+        a nack into ``DeliveryError`` and an unroutable message into ``PublishError``, and
+        a closed channel or a timeout fails every publish not yet confirmed."""
+        channel = await self._ensure_channel()
+        raw = await channel.get_underlay_channel()
 
         async def one(m: OutgoingMessage) -> None:
-            await exchanges[m.exchange].publish(
-                aio_pika.Message(
-                    m.body,
-                    message_id=m.message_id,
-                    headers=dict(m.headers),
-                    content_type=m.content_type,
-                    delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-                ),
+            message = aio_pika.Message(
+                m.body,
+                message_id=m.message_id,
+                headers=dict(m.headers),
+                content_type=m.content_type,
+                delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+            )
+            await raw.basic_publish(
+                message.body,
+                exchange=m.exchange,
                 routing_key=m.routing_key,
+                properties=message.properties,
                 mandatory=True,
                 timeout=self._confirm_timeout,
+                wait=False,
             )
 
         results = await asyncio.gather(*(one(m) for m in messages), return_exceptions=True)
@@ -85,7 +88,6 @@ class ConfirmingPublisher:
         """Forget the channel and the connection after an error; the next publish
         reconnects. (aio-pika may report a dropped connection as open.)"""
         channel, self._channel = self._channel, None
-        self._exchanges.clear()
         if channel is not None and not channel.is_closed:
             try:
                 await asyncio.wait_for(channel.close(), timeout=5)
