@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import aio_pika
+import aiormq
 from aio_pika.abc import AbstractChannel
 
 from shared.broker.connection import BrokerConnection
@@ -56,7 +57,10 @@ class ConfirmingPublisher:
         a nack into ``DeliveryError`` and an unroutable message into ``PublishError``, and
         a closed channel or a timeout fails every publish not yet confirmed."""
         channel = await self._ensure_channel()
+        # aio-pika's abstract type hides ``wait``; the channel it hands out is aiormq's.
         raw = await channel.get_underlay_channel()
+        if not isinstance(raw, aiormq.Channel):
+            raise TypeError(f"expected an aiormq channel under aio-pika's, got {type(raw)!r}")
 
         async def one(m: OutgoingMessage) -> None:
             message = aio_pika.Message(
