@@ -467,3 +467,43 @@ async def test_each_account_counts_its_own_jobs_in_flight_even_when_the_statisti
     # Each account's own 8, read once (or twice: where the due windows are counted, and
     # where they are placed): at most 2 * 1,600.
     assert read <= 2 * in_flight + 50
+
+
+async def test_an_account_alone_counts_its_jobs_in_flight_once_a_round_not_once_for_each_due_window(
+    pool: asyncpg.Pool,
+) -> None:
+    """One account alone, most of its larger share in flight and fewer than 200 windows
+    due (a busy seller, unpaced): the due windows are numbered, and each one's place was
+    checked against a count of the account's jobs in flight made again for that window,
+    the share's 64 windows times its 60 jobs: 3,840 rows of reply_jobs a round."""
+    alone = SHARE * 4
+    in_flight = alone - 4
+    now = datetime.now(UTC)
+    async with pool.acquire() as conn, conn.transaction():
+        for n in range(in_flight):
+            await job_in_flight(conn, "a", f"busy-{n}", now - timedelta(seconds=30))
+        for n in range(150):
+            await open_window(conn, "a", f"due-{n}", now - timedelta(seconds=20) + timedelta(milliseconds=n))
+        await conn.execute("ANALYZE chat_windows, reply_jobs")
+
+    async with PgWindowStore(pool).transaction() as tx:
+        due = await tx.claim_due(200, SHARE, alone)
+    # Its free places, the earliest due first.
+    assert [w.chat_id for w in due] == [f"due-{n}" for n in range(alone - in_flight)]
+    async with pool.acquire() as conn:
+        tx = conn.transaction()
+        await tx.start()
+        try:
+            (plan,) = json.loads(
+                await conn.fetchval(
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _CLAIM_DUE, 200, SHARE, alone
+                )
+            )
+        finally:
+            await tx.rollback()
+    read = rows_read(plan["Plan"], "reply_jobs")
+    print(
+        f"\nclaim of an account alone with {in_flight} jobs in flight and 150 windows due: {read:.0f} rows read"
+    )
+    # Its jobs read once for the count, and by the share's two probes.
+    assert read <= 2 * in_flight + 50
