@@ -92,25 +92,30 @@ async def a_waits_behind_its_share_and_b_is_due(conn: asyncpg.Connection, now: d
     await open_window(conn, "b", "one", now - timedelta(seconds=1))
 
 
-async def only_b_is_claimed(pool: asyncpg.Pool) -> dict[str, Any]:
-    """Claims account b's window "one" alone, then returns the claim's plan as it ran
-    (EXPLAIN ANALYZE, with the pages it touched), rolled back."""
-    async with PgWindowStore(pool).transaction() as tx:
-        due = await tx.claim_due(200, SHARE, SHARE * 4)
-        assert [(w.account_id, w.chat_id) for w in due] == [("b", "one")]
+async def claim_plan(pool: asyncpg.Pool, alone: int) -> dict[str, Any]:
+    """The claim's plan as it runs (EXPLAIN ANALYZE, with the pages it touched), rolled back."""
     async with pool.acquire() as conn:
         tx = conn.transaction()
         await tx.start()
         try:
             (plan,) = json.loads(
                 await conn.fetchval(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _CLAIM_DUE, 200, SHARE, SHARE * 4
+                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _CLAIM_DUE, 200, SHARE, alone
                 )
             )
         finally:
             await tx.rollback()
     result: dict[str, Any] = plan
     return result
+
+
+async def only_b_is_claimed(pool: asyncpg.Pool) -> dict[str, Any]:
+    """Claims account b's window "one" alone, then returns the claim's plan as it ran
+    (EXPLAIN ANALYZE, with the pages it touched), rolled back."""
+    async with PgWindowStore(pool).transaction() as tx:
+        due = await tx.claim_due(200, SHARE, SHARE * 4)
+        assert [(w.account_id, w.chat_id) for w in due] == [("b", "one")]
+    return await claim_plan(pool, SHARE * 4)
 
 
 async def test_a_round_reads_what_it_emits_not_the_windows_waiting_behind_an_accounts_share(
@@ -450,17 +455,7 @@ async def test_each_account_counts_its_own_jobs_in_flight_even_when_the_statisti
     async with PgWindowStore(pool).transaction() as tx:
         due = await tx.claim_due(200, SHARE, SHARE * 4)
     assert len(due) == IN_FLIGHT_ACCOUNTS
-    async with pool.acquire() as conn:
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            (plan,) = json.loads(
-                await conn.fetchval(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _CLAIM_DUE, 200, SHARE, SHARE * 4
-                )
-            )
-        finally:
-            await tx.rollback()
+    plan = await claim_plan(pool, SHARE * 4)
     read = rows_read(plan["Plan"], "reply_jobs")
     in_flight = IN_FLIGHT_ACCOUNTS * 8
     print(f"\nclaim with {in_flight} jobs in flight over {IN_FLIGHT_ACCOUNTS} accounts: {read:.0f} rows read")
@@ -490,17 +485,7 @@ async def test_an_account_alone_counts_its_jobs_in_flight_once_a_round_not_once_
         due = await tx.claim_due(200, SHARE, alone)
     # Its free places, the earliest due first.
     assert [w.chat_id for w in due] == [f"due-{n}" for n in range(alone - in_flight)]
-    async with pool.acquire() as conn:
-        tx = conn.transaction()
-        await tx.start()
-        try:
-            (plan,) = json.loads(
-                await conn.fetchval(
-                    "EXPLAIN (ANALYZE, BUFFERS, FORMAT JSON) " + _CLAIM_DUE, 200, SHARE, alone
-                )
-            )
-        finally:
-            await tx.rollback()
+    plan = await claim_plan(pool, alone)
     read = rows_read(plan["Plan"], "reply_jobs")
     print(
         f"\nclaim of an account alone with {in_flight} jobs in flight and 150 windows due: {read:.0f} rows read"
