@@ -1,7 +1,8 @@
 """publish_many on aiormq's channel with ``wait=False``: a result is None only for a message
 the broker confirmed, each error stands at its own message's index, the queue holds the
 messages in the order given, and a connection cut, a channel closed by the broker or a
-confirm timeout mid-batch never reports as confirmed a message that is not in the queue.
+confirm timeout mid-batch (once, or cut after cut until all is
+confirmed) never reports as confirmed a message that is not in the queue.
 
 (Written by a review that tried to break the change; the relay marks a row published only
 on None, so a false None is a lost message.)"""
@@ -9,8 +10,12 @@ on None, so a false None is a lost message.)"""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import random
 import uuid
+from collections.abc import AsyncIterator
+from dataclasses import dataclass
+from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
 import aio_pika
@@ -36,11 +41,26 @@ def via_proxy(amqp_url: str, port: int) -> str:
     )
 
 
-async def declare(url: str) -> tuple[AbstractConnection, str, str]:
-    """A direct exchange with a queue bound at ``ok.<tag>`` and one capped at 5 messages that
-    rejects the rest (the broker nacks them) at ``cap.<tag>``; returns the connection, the
-    two queues' names."""
-    conn = await aio_pika.connect(url)
+@dataclass
+class Bench:
+    """A direct exchange with a queue bound at ``ok`` and one capped at 5 messages that
+    rejects the rest (the broker nacks them) at ``cap``; a publisher (through ``proxy``
+    when one is given) and a connection of its own to read the queues with."""
+
+    conn: AbstractConnection
+    publisher: ConfirmingPublisher
+    ok: str  # routing keys, and the names of the queues bound at them
+    cap: str
+
+    def to(self, key: str, message_id: str, body: bytes, **headers: Any) -> OutgoingMessage:
+        return OutgoingMessage(EXCHANGE, key, message_id, body, headers=headers)
+
+
+@contextlib.asynccontextmanager
+async def publishing(
+    infra: Infra, *, proxy: TcpProxy | None = None, confirm_timeout: float = 15.0
+) -> AsyncIterator[Bench]:
+    conn = await aio_pika.connect(infra.amqp_url)
     ch = await conn.channel()
     ex = await ch.declare_exchange(EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
     tag = uuid.uuid4().hex[:8]
@@ -50,10 +70,18 @@ async def declare(url: str) -> tuple[AbstractConnection, str, str]:
         durable=True,
         arguments={"x-max-length": 5, "x-overflow": "reject-publish"},
     )
-    await ok.bind(ex, routing_key=f"ok.{tag}")
-    await cap.bind(ex, routing_key=f"cap.{tag}")
+    await ok.bind(ex, routing_key=ok.name)
+    await cap.bind(ex, routing_key=cap.name)
     await ch.close()
-    return conn, ok.name, cap.name
+    url = infra.amqp_url if proxy is None else via_proxy(infra.amqp_url, proxy.port)
+    broker = BrokerConnection(url, TEST_TOPOLOGY)
+    publisher = ConfirmingPublisher(broker, confirm_timeout=confirm_timeout)
+    try:
+        yield Bench(conn, publisher, ok.name, cap.name)
+    finally:
+        await publisher.reset()
+        await broker.close()
+        await conn.close()
 
 
 async def drain(conn: AbstractConnection, queue: str) -> list[str]:
@@ -74,21 +102,21 @@ def in_order_given(messages: list[OutgoingMessage], arrived: list[str]) -> bool:
     return [place[a] for a in arrived] == sorted(place[a] for a in arrived)
 
 
+def confirmed(messages: list[OutgoingMessage], results: list[BaseException | None]) -> set[str]:
+    return {m.message_id for m, r in zip(messages, results, strict=True) if r is None}
+
+
 async def test_each_result_is_its_own_messages_confirm_nack_or_return_and_the_queue_keeps_the_order_given(
     infra: Infra,
 ) -> None:
-    conn, okq, capq = await declare(infra.amqp_url)
-    tag = okq.rsplit(".", 1)[1]
-    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
-    publisher = ConfirmingPublisher(broker)
-    try:
+    async with publishing(infra) as bench:
         rnd = random.Random(7)
-        kinds = [rnd.choice(["ok", "nowhere", "cap"]) for _ in range(400)]
+        keys = {"ok": bench.ok, "cap": bench.cap, "nowhere": "publisher-test.nowhere"}
+        kinds = [rnd.choice(list(keys)) for _ in range(400)]
         messages = [
-            OutgoingMessage(EXCHANGE, f"{k}.{tag}", f"m{i}", b"x" * rnd.randint(0, 200_000), headers={"i": i})
-            for i, k in enumerate(kinds)
+            bench.to(keys[k], f"m{i}", b"x" * rnd.randint(0, 200_000), i=i) for i, k in enumerate(kinds)
         ]
-        results = await publisher.publish_many(messages)
+        results = await bench.publisher.publish_many(messages)
         capped = 0
         for i, (kind, result) in enumerate(zip(kinds, results, strict=True)):
             if kind == "ok":
@@ -101,97 +129,101 @@ async def test_each_result_is_its_own_messages_confirm_nack_or_return_and_the_qu
                 else:
                     assert isinstance(result, aiormq.exceptions.DeliveryError), (i, result)
                 capped += 1
-        assert await drain(conn, okq) == [
-            m.message_id for m, k in zip(messages, kinds, strict=True) if k == "ok"
-        ]
-        assert (
-            await drain(conn, capq)
-            == [m.message_id for m, k in zip(messages, kinds, strict=True) if k == "cap"][:5]
-        )
-    finally:
-        await publisher.reset()
-        await broker.close()
-        await conn.close()
+
+        def ids(kind: str) -> list[str]:
+            return [m.message_id for m, k in zip(messages, kinds, strict=True) if k == kind]
+
+        assert await drain(bench.conn, bench.ok) == ids("ok")
+        assert await drain(bench.conn, bench.cap) == ids("cap")[:5]
+
+
+async def cut_after(
+    publisher: ConfirmingPublisher, proxy: TcpProxy, messages: list[OutgoingMessage], settled: int
+) -> set[str]:
+    """Publishes ``messages`` and cuts the connection once about ``settled`` of them are
+    confirmed or returned; the ids the publisher reports confirmed."""
+    await publisher.ensure_ready()
+    task = asyncio.ensure_future(publisher.publish_many(messages))
+    underlay = await (await publisher._ensure_channel()).get_underlay_channel()
+    assert isinstance(underlay, aiormq.Channel)
+    # Polled each turn of the loop: the point is a count inside aiormq, with no event.
+    while not task.done() and underlay.delivery_tag - len(underlay.confirmations) < settled:  # noqa: ASYNC110
+        await asyncio.sleep(0)
+    proxy.block()
+    return confirmed(messages, await asyncio.wait_for(task, 20))
 
 
 @pytest.mark.parametrize("settled", [0, 5, 300, 1490])
 async def test_a_connection_cut_mid_batch_reports_confirmed_only_what_is_in_the_queue(
     infra: Infra, settled: int
 ) -> None:
-    conn, okq, _ = await declare(infra.amqp_url)
-    tag = okq.rsplit(".", 1)[1]
     proxy = await TcpProxy("127.0.0.1", urlsplit(infra.amqp_url).port or 5672).start()
-    broker = BrokerConnection(via_proxy(infra.amqp_url, proxy.port), TEST_TOPOLOGY)
-    publisher = ConfirmingPublisher(broker, confirm_timeout=10)
     try:
-        await publisher.ensure_ready()
-        messages = [OutgoingMessage(EXCHANGE, f"ok.{tag}", f"c{i}", b"y" * 20_000) for i in range(1500)]
-        task = asyncio.ensure_future(publisher.publish_many(messages))
-        # Cut once about ``settled`` publishes have been confirmed or returned.
-        channel = await publisher._ensure_channel()
-        underlay = await channel.get_underlay_channel()
-        assert isinstance(underlay, aiormq.Channel)
-        # Polled each turn of the loop: the point is a count inside aiormq, with no event.
-        while not task.done() and underlay.delivery_tag - len(underlay.confirmations) < settled:  # noqa: ASYNC110
-            await asyncio.sleep(0)
-        proxy.block()
-        results = await asyncio.wait_for(task, 20)
-        confirmed = {m.message_id for m, r in zip(messages, results, strict=True) if r is None}
-        arrived = await drain(conn, okq)
-        assert confirmed <= set(arrived), sorted(confirmed - set(arrived))[:5]
-        assert in_order_given(messages, arrived)
+        async with publishing(infra, proxy=proxy, confirm_timeout=10) as bench:
+            messages = [bench.to(bench.ok, f"c{i}", b"y" * 20_000) for i in range(1500)]
+            reported = await cut_after(bench.publisher, proxy, messages, settled)
+            arrived = await drain(bench.conn, bench.ok)
+            assert reported <= set(arrived), sorted(reported - set(arrived))[:5]
+            assert in_order_given(messages, arrived)
     finally:
-        await publisher.reset()
-        await broker.close()
         await proxy.close()
-        await conn.close()
+
+
+async def test_cuts_until_the_last_message_is_confirmed_lose_none_and_keep_each_first_arrival_in_order(
+    infra: Infra,
+) -> None:
+    """The relay's way through repeated cuts: reset, publish again what was not confirmed,
+    until nothing is left. A message may arrive twice (confirmed after the cut); none is
+    missing, and the first arrivals keep the order given."""
+    proxy = await TcpProxy("127.0.0.1", urlsplit(infra.amqp_url).port or 5672).start()
+    try:
+        async with publishing(infra, proxy=proxy, confirm_timeout=10) as bench:
+            messages = [bench.to(bench.ok, f"r{i}", b"v" * 20_000) for i in range(1500)]
+            left, cuts = messages, 0
+            while left and cuts < 6:
+                reported = await cut_after(bench.publisher, proxy, left, 200)
+                left = [m for m in left if m.message_id not in reported]
+                await bench.publisher.reset()
+                proxy.unblock()
+                cuts += 1
+            assert cuts == 6, "six cuts of 200 confirms each should not have confirmed 1,500"
+            assert confirmed(left, await bench.publisher.publish_many(left)) == {m.message_id for m in left}
+            arrived = await drain(bench.conn, bench.ok)
+            first = list(dict.fromkeys(arrived))
+            assert set(first) == {m.message_id for m in messages}
+            assert in_order_given(messages, first)
+    finally:
+        await proxy.close()
 
 
 async def test_a_channel_the_broker_closes_mid_batch_fails_every_publish_after_it_and_a_reset_recovers(
     infra: Infra,
 ) -> None:
-    conn, okq, _ = await declare(infra.amqp_url)
-    tag = okq.rsplit(".", 1)[1]
-    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
-    publisher = ConfirmingPublisher(broker)
-    try:
-        messages = [OutgoingMessage(EXCHANGE, f"ok.{tag}", f"d{i}", b"z" * 1000) for i in range(300)]
+    async with publishing(infra) as bench:
+        messages = [bench.to(bench.ok, f"d{i}", b"z" * 1000) for i in range(300)]
         messages[150] = OutgoingMessage("publisher-test.no-such-exchange", "k", "bad", b"")
-        results = await publisher.publish_many(messages)
-        confirmed = {m.message_id for m, r in zip(messages, results, strict=True) if r is None}
+        results = await bench.publisher.publish_many(messages)
         assert all(isinstance(r, BaseException) for r in results[150:])
         # The relay resets after any error; the next batch goes through.
-        await publisher.reset()
-        assert await publisher.publish_many([OutgoingMessage(EXCHANGE, f"ok.{tag}", "after", b"")]) == [None]
-        arrived = await drain(conn, okq)
-        assert confirmed | {"after"} <= set(arrived)
-        assert in_order_given([*messages, OutgoingMessage(EXCHANGE, "", "after", b"")], arrived)
-    finally:
-        await publisher.reset()
-        await broker.close()
-        await conn.close()
+        await bench.publisher.reset()
+        after = bench.to(bench.ok, "after", b"")
+        assert await bench.publisher.publish_many([after]) == [None]
+        arrived = await drain(bench.conn, bench.ok)
+        assert confirmed(messages, results) | {"after"} <= set(arrived)
+        assert in_order_given([*messages, after], arrived)
 
 
 @pytest.mark.parametrize("confirm_timeout", [0.001, 0.1])
 async def test_a_confirm_timeout_mid_batch_reports_confirmed_only_what_is_in_the_queue(
     infra: Infra, confirm_timeout: float
 ) -> None:
-    conn, okq, _ = await declare(infra.amqp_url)
-    tag = okq.rsplit(".", 1)[1]
-    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
-    publisher = ConfirmingPublisher(broker, confirm_timeout=confirm_timeout)
-    try:
-        await publisher.ensure_ready()
-        messages = [OutgoingMessage(EXCHANGE, f"ok.{tag}", f"t{i}", b"w" * 50_000) for i in range(800)]
-        results = await publisher.publish_many(messages)
-        confirmed = {m.message_id for m, r in zip(messages, results, strict=True) if r is None}
+    async with publishing(infra, confirm_timeout=confirm_timeout) as bench:
+        await bench.publisher.ensure_ready()
+        messages = [bench.to(bench.ok, f"t{i}", b"w" * 50_000) for i in range(800)]
+        results = await bench.publisher.publish_many(messages)
         assert any(r is not None for r in results) or confirm_timeout > 0.01, (
             "a 1 ms confirm timeout timed nothing out"
         )
-        arrived = await drain(conn, okq)
-        assert confirmed <= set(arrived)
+        arrived = await drain(bench.conn, bench.ok)
+        assert confirmed(messages, results) <= set(arrived)
         assert in_order_given(messages, arrived)
-    finally:
-        await publisher.reset()
-        await broker.close()
-        await conn.close()
