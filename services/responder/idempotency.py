@@ -572,23 +572,18 @@ async def _claim_many(
     )
 
 
-_BEFORE_SEND_MANY = """
-SELECT t.i, b.*
-FROM (
-    SELECT * FROM unnest($1::uuid[], $2::text[], $3::text[], $4::integer[], $5::boolean[])
-        WITH ORDINALITY AS u(job, chat_key, body, attempt, fold, i)
-    -- The chats' locks in one order for every taker, so two batches never wait on each other.
-    ORDER BY hashtextextended(u.chat_key, 0)
-) t
-CROSS JOIN LATERAL chatq_before_send(t.job, t.chat_key, t.body, t.attempt, t.fold, $6, $7) AS b
-ORDER BY t.i, b.pos
-"""
+#: chatq_before_send_many: one write of the delivery intents for the jobs that take the
+#: common way, chatq_before_send itself for each job off it (a fold, a seller's answer, an
+#: account paused or removed).
+_BEFORE_SEND_MANY = "SELECT * FROM chatq_before_send_many($1, $2, $3, $4, $5, $6, $7) ORDER BY i, pos"
 
 
 async def _before_send_many(
     conn: Conn, items: Sequence[tuple[uuid.UUID, str, str, int, bool, int, int]]
 ) -> Sequence[list[asyncpg.Record] | Exception]:
-    """chatq_before_send for each job, in one statement: each job's rows, in order."""
+    """chatq_before_send for each job, in one statement: each job's rows, in order. If it
+    fails for a reason that may be one job's (an account paused, a poison row), each job is
+    asked alone, so only its own call fails."""
     try:
         rows = await conn.fetch(
             _BEFORE_SEND_MANY,
