@@ -198,7 +198,7 @@ class Settings(BaseSettings):
     responder_concurrency: int = Field(default=32, ge=1, le=1000)
     # Jobs in flight that share one Postgres connection, their claims, delivery intents and
     # records sent as one statement each (1: a connection per job, a statement per step).
-    responder_batch_jobs: int = Field(default=16, ge=1, le=1000)
+    responder_batch_jobs: int = Field(default=32, ge=1, le=1000)
     platform_timeout_seconds: float = Field(default=10.0, gt=0)
     platform_rate_per_second: float = Field(default=20.0, gt=0)
     fold_max_rounds: int = Field(default=2, ge=0, le=10)
