@@ -649,10 +649,15 @@ $$;
 -- intent; a job off it (an open window of its chat to fold in, a seller's answer, an
 -- account paused or removed) is decided by chatq_before_send itself, in the same
 -- transaction. Before, the batch called chatq_before_send for each job: eight statements a
--- job, 0.2 ms of Postgres a reply under bench.pipeline (pg_stat_statements). The chats'
--- locks of the jobs that may fold are taken first, in lock-key order, as every taker of
--- several takes them (chatq_record_sent_many); the per-job call takes its own again
--- (granted at once: it is this transaction's). Every read is a probe by key.
+-- job, 0.2 ms of Postgres a reply under bench.pipeline (pg_stat_statements). Every chat's
+-- lock of the batch is taken first, in lock-key order, as every taker of several takes
+-- them (chatq_lock_chats, chatq_record_sent_many), whether or not the job folds: a job
+-- withdrawn takes its chat's lock too (the trigger that unblocks the chat's next window),
+-- and taken then, after a higher key, it deadlocked with a filing of both chats (found by a
+-- review; test_before_send_batch.py holds it). The per-job call takes its own again
+-- (granted at once: it is this transaction's). Every read is a probe by key. Where two
+-- jobs of a batch would both raise, the first to raise may differ from the per-job order;
+-- the caller then asks each job alone, which gives each its own error.
 CREATE OR REPLACE FUNCTION chatq_before_send_many(
     p_jobs uuid[], p_chat_keys text[], p_texts text[], p_attempts integer[], p_folds boolean[],
     p_max_messages integer, p_max_chars integer
@@ -668,9 +673,7 @@ DECLARE
     special integer[];
 BEGIN
     PERFORM pg_advisory_xact_lock(k.key) FROM (
-        SELECT DISTINCT hashtextextended(t.ck, 0) AS key
-        FROM unnest(p_chat_keys, p_folds) AS t(ck, fold) WHERE t.fold
-        ORDER BY 1
+        SELECT DISTINCT hashtextextended(t.ck, 0) AS key FROM unnest(p_chat_keys) AS t(ck) ORDER BY 1
     ) k;
     -- The jobs off the common way, in their chats' lock order.
     SELECT coalesce(array_agg(t.n ORDER BY hashtextextended(t.ck, 0), t.n), '{}') INTO special

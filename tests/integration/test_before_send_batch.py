@@ -7,10 +7,13 @@ paused or removed, an earlier attempt's delivery row. Each batch takes the step 
 on the same rows (a savepoint between them): the rows returned, every row written, and
 the error raised (an account paused or removed fails the statement, and the responder
 then asks each job alone) must be equal. A cost test then checks the batch reads its
-tables by key with statistics taken while nothing was in flight."""
+tables by key with statistics taken while nothing was in flight, and a test of two
+sessions that it takes its chats' locks in the order a filing does (one session cannot
+see a deadlock)."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from datetime import timedelta
@@ -231,3 +234,81 @@ async def test_the_step_before_sending_a_batch_reads_each_table_by_key_even_when
         )
     assert written == len(rows)
     assert after - before == 0
+
+
+async def job_in_flight(conn: asyncpg.Connection, chat: str, *, seller_wrote: bool) -> tuple[uuid.UUID, str]:
+    """A claimed job of one waiting message in ``chat``; the seller wrote since, or not."""
+    key = f"telegram:acc:{chat}"
+    op, window, job = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
+    await conn.execute(
+        """
+        INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id, text, sent_at, status,
+                                received_at, payload)
+        VALUES ($1, 'telegram', 'acc', $2, $2, '1', 'hi', $3, 'waiting', $3, '{}')
+        """,
+        op, chat, T0 - timedelta(seconds=5),
+    )  # fmt: skip
+    await conn.execute(
+        """
+        INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
+                                  deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
+        VALUES ($1, $2, 'telegram', 'acc', $3, 'closed', $4, $4, $4, $4, 0, 1, $4, $5)
+        """,
+        window, key, chat, T0, job,
+    )  # fmt: skip
+    await conn.execute(
+        """
+        INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status, operation_ids,
+                                created_at)
+        VALUES ($1, $2, $3, 'telegram', 'acc', $4, 'processing', $5, $6)
+        """,
+        job, window, key, chat, [op], T0,
+    )  # fmt: skip
+    await conn.execute("UPDATE operations SET job_id = $1 WHERE id = $2", job, op)
+    if seller_wrote:
+        await conn.execute(
+            """
+            INSERT INTO chats (chat_key, last_answered_sent_at, last_answered_message_id, last_answered_received_at,
+                               last_reply_at, seller_wrote_at, seller_message_id)
+            VALUES ($1, $2, '0', $2, $2, $3, 's-1')
+            """,
+            key, T0 - timedelta(hours=1), T0 + timedelta(seconds=1),
+        )  # fmt: skip
+    return job, key
+
+
+async def test_a_batch_with_a_job_withdrawn_takes_its_chats_locks_in_the_order_a_filing_of_the_same_chats_does(
+    pool,
+):
+    # Job A (chat X, no fold: its last round) is withdrawn, the seller having answered; job
+    # B (chat Y, X < Y in lock-key order) may fold. The withdrawal takes X's lock (the
+    # trigger that unblocks X's next window): taken after Y's, while filing holds X and
+    # then asks for Y, the two waited on each other (a deadlock, one of them failed).
+    async with pool.acquire() as conn:
+        keys = {
+            c: await conn.fetchval("SELECT hashtextextended($1, 0)", f"telegram:acc:{c}")
+            for c in ("c1", "c2")
+        }
+        x, y = sorted(keys, key=keys.__getitem__)
+        a, kx = await job_in_flight(conn, x, seller_wrote=True)
+        b, ky = await job_in_flight(conn, y, seller_wrote=False)
+    async with pool.acquire() as responder, pool.acquire() as filing:
+        pid = await responder.fetchval("SELECT pg_backend_pid()")
+        async with filing.transaction():
+            await filing.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", kx)
+            step = asyncio.ensure_future(
+                responder.fetch(BATCHED, [a, b], [kx, ky], ["r1", "r2"], [1, 1], [False, True], 4, 4000)
+            )
+            deadline = asyncio.get_running_loop().time() + 10
+            while not await filing.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid):
+                assert asyncio.get_running_loop().time() < deadline, "the batch never waited for X"
+                await asyncio.sleep(0.02)
+            # The rest of a filing of both chats, in key order (chatq_lock_chats).
+            await filing.fetch(
+                "SELECT * FROM chatq_lock_chats($1, $2)", [kx, ky], [uuid.uuid4(), uuid.uuid4()]
+            )
+        rows = await asyncio.wait_for(step, 10)
+    assert [(r["i"], r["withdrawn"]) for r in rows] == [(1, True)]
+    async with pool.acquire() as conn:
+        assert await conn.fetchval("SELECT status FROM deliveries WHERE job_id = $1", b) == "sending"
+        assert await conn.fetchval("SELECT status FROM reply_jobs WHERE id = $1", a) == "superseded"
