@@ -521,16 +521,6 @@ LANGUAGE sql AS $$
     FROM chatq_claim_job(p_job, p_attempt, p_lock_key, p_history) c
 $$;
 
--- Just before the platform call: move the messages gathered in the chat's open window
--- since the job was built into the job (when p_fold), so one reply covers them — unless an
--- earlier message of the chat is still in transit (the window waits for it, as the
--- coalescer's emission does); if there were none, record the delivery intent ('sending', committed before the platform is
--- called: from then on the send may have happened). Same per-chat lock as the coalescer.
--- Returns the job's messages, all of them in platform order, when it folded some in; none
--- means the intent is recorded; one row with withdrawn = true means the seller answered the
--- chat in person since the job was built, and the job is withdrawn (nothing recorded).
-DROP FUNCTION IF EXISTS chatq_before_send(uuid, text, text, integer, boolean);
-DROP FUNCTION IF EXISTS chatq_before_send(uuid, text, text, integer, boolean, integer, integer);
 -- The delivery intents of jobs about to send (status sending), one row a job, in job id
 -- order. A new intent replaces the latest attempt's row, but never forgets that an earlier
 -- attempt may have sent (its status was sending or unknown), nor since when.
@@ -552,6 +542,16 @@ BEGIN
 END
 $$;
 
+-- Just before the platform call: move the messages gathered in the chat's open window
+-- since the job was built into the job (when p_fold), so one reply covers them — unless an
+-- earlier message of the chat is still in transit (the window waits for it, as the
+-- coalescer's emission does); if there were none, record the delivery intent ('sending', committed before the platform is
+-- called: from then on the send may have happened). Same per-chat lock as the coalescer.
+-- Returns the job's messages, all of them in platform order, when it folded some in; none
+-- means the intent is recorded; one row with withdrawn = true means the seller answered the
+-- chat in person since the job was built, and the job is withdrawn (nothing recorded).
+DROP FUNCTION IF EXISTS chatq_before_send(uuid, text, text, integer, boolean);
+DROP FUNCTION IF EXISTS chatq_before_send(uuid, text, text, integer, boolean, integer, integer);
 CREATE OR REPLACE FUNCTION chatq_before_send(
     p_job uuid, p_chat_key text, p_text text, p_attempt integer, p_fold boolean, p_max_messages integer,
     p_max_chars integer

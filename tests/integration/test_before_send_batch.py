@@ -132,7 +132,9 @@ async def off_the_common_way(conn: asyncpg.Connection, rnd: random.Random, tag: 
 
 async def test_the_step_before_sending_a_batch_gives_every_job_the_rows_and_the_writes_of_its_own_step(pool):
     rnd = random.Random(21)
-    seen = {"common": 0, "folded": 0, "withdrawn": 0, "error": 0}
+    # "intent only": no rows returned, the intent recorded (the common way, or a fold the caps
+    # refused).
+    seen = {"intent only": 0, "folded": 0, "withdrawn": 0, "error": 0}
     async with pool.acquire() as conn:
         for b in range(BATCHES):
             tx = conn.transaction()
@@ -170,7 +172,7 @@ async def test_the_step_before_sending_a_batch_gives_every_job_the_rows_and_the_
                 returned = batched[0]
                 seen["folded"] += len({r["i"] for r in returned if not r["withdrawn"]})
                 seen["withdrawn"] += sum(1 for r in returned if r["withdrawn"])
-                seen["common"] += len(jobs) - len({r["i"] for r in returned})
+                seen["intent only"] += len(jobs) - len({r["i"] for r in returned})
             finally:
                 await tx.rollback()
     print(f"\njobs over {BATCHES} batches: {seen}")
