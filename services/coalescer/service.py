@@ -19,13 +19,13 @@ from dataclasses import dataclass
 from datetime import UTC, datetime, timedelta
 
 import asyncpg
-from aio_pika.abc import AbstractIncomingMessage
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
 from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.consumer import Reject
+from shared.broker.delivery import Delivery
 from shared.faults import fault_point
 from shared.ids import derived_id, new_id
 from shared.messages import InboundMessage, JobCaps, JobMessage, ReplyJob
@@ -59,7 +59,7 @@ def job_id_for(window_id: uuid.UUID) -> uuid.UUID:
     return derived_id(window_id, JOB_NAMESPACE)
 
 
-def _parse(message: AbstractIncomingMessage) -> InboundMessage:
+def _parse(message: Delivery) -> InboundMessage:
     try:
         return InboundMessage.from_bytes(message.body)
     except ValidationError as exc:
@@ -132,7 +132,7 @@ class Coalescer:
 
     # ---- consuming -------------------------------------------------------------
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
+    async def handle(self, message: Delivery) -> None:
         """Consumer handler: file one inbound message into its chat's window. The consumer
         runs it when a batch could not be filed as a whole (each message settles alone)."""
         inbound = _parse(message)
@@ -143,7 +143,7 @@ class Coalescer:
         fault_point("coalescer.after_commit")
         self._wake_for([filed])
 
-    async def handle_batch(self, messages: Sequence[AbstractIncomingMessage]) -> list[Exception | None]:
+    async def handle_batch(self, messages: Sequence[Delivery]) -> list[Exception | None]:
         """Consumer batch handler: file the inbound messages delivered together, in delivery
         order, in one transaction. Returns, per message, None (filed, or a redelivery) or
         what that message alone raised (``Reject``: not our schema, or not in the inbox);
@@ -242,7 +242,7 @@ class Coalescer:
             window = dataclasses.replace(window, due_at=floor)
         return window
 
-    async def give_up(self, message: AbstractIncomingMessage, kind: str, reason: str) -> None:
+    async def give_up(self, message: Delivery, kind: str, reason: str) -> None:
         """Consumer hook before an inbound message is dead-lettered, and the dead-letter
         recorder's: an operation that was never filed fails, with the reason and an owner,
         for a person to retry. One already in a window is left to its reply."""
@@ -268,7 +268,7 @@ class Coalescer:
                 {"operations": [str(operation_id)], "reason": why, "kind": kind, "owner": self._owner},
             )
 
-    async def dead_lettered(self, message: AbstractIncomingMessage, reason: str) -> None:
+    async def dead_lettered(self, message: Delivery, reason: str) -> None:
         await self.give_up(message, "exhausted", reason)
 
     # ---- emitting --------------------------------------------------------------

@@ -14,13 +14,13 @@ import logging
 import uuid
 from collections.abc import Mapping
 
-from aio_pika.abc import AbstractIncomingMessage
 from prometheus_client import Counter
 from pydantic import ValidationError
 
 from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.consumer import Reject, RetryLater
+from shared.broker.delivery import Delivery
 from shared.faults import fault_point
 from shared.messages import ReplyJob
 from shared.retry import attempt_of
@@ -97,7 +97,7 @@ class Responder:
         self._greeting = greeting
         self._listings = listings
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
+    async def handle(self, message: Delivery) -> None:
         try:
             wire = ReplyJob.from_bytes(message.body)
         except ValidationError as exc:
@@ -491,7 +491,7 @@ class Responder:
             },
         )
 
-    async def give_up(self, message: AbstractIncomingMessage, kind: str, reason: str) -> None:
+    async def give_up(self, message: Delivery, kind: str, reason: str) -> None:
         """Consumer hook before a job is dead-lettered (permanent, exhausted, or at the
         broker's delivery limit): the job goes to a person, failed or needs_review."""
         try:
@@ -500,9 +500,7 @@ class Responder:
             return
         await self._give_up(self._store, job_id, kind, reason)
 
-    async def retry_scheduled(
-        self, message: AbstractIncomingMessage, attempt: int, delay: float, _: str
-    ) -> None:
+    async def retry_scheduled(self, message: Delivery, attempt: int, delay: float, _: str) -> None:
         """Consumer hook once a job is in its retry tier: the record says when it comes back."""
         try:
             job_id = uuid.UUID(message.message_id or "")
@@ -510,7 +508,7 @@ class Responder:
             return
         await self._store.retry_scheduled(job_id, attempt, delay)
 
-    async def dead_lettered(self, message: AbstractIncomingMessage, reason: str) -> None:
+    async def dead_lettered(self, message: Delivery, reason: str) -> None:
         """The dead-letter recorder's hook: a job that reached chatq.responder.dead without
         a give-up (the broker's delivery limit after crashes) goes to a person too."""
         await self.give_up(message, "exhausted", reason)

@@ -58,9 +58,11 @@ from dataclasses import dataclass
 
 import aiormq
 import asyncpg
-from aio_pika.abc import AbstractChannel, AbstractIncomingMessage
+from aio_pika.abc import AbstractChannel
+from aiormq.abc import DeliveredMessage
 
 from shared.broker.connection import BrokerConnection
+from shared.broker.delivery import AmqpDelivery, Delivery
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.broker.topology import RETRY_EXCHANGE, retry_tier_name
 from shared.metrics import ACK_MESSAGES, RETRIES
@@ -135,10 +137,10 @@ def last_delivery(headers: Mapping[str, object] | None, delivery_limit: int | No
     return delivery_limit is not None and delivery_count_of(headers) >= delivery_limit
 
 
-Handler = Callable[[AbstractIncomingMessage], Awaitable[None]]
+Handler = Callable[[Delivery], Awaitable[None]]
 #: Handles the messages delivered together; returns, per message in order, None (done)
 #: or the exception that message alone raised; raises when the batch failed as a whole.
-BatchHandler = Callable[[Sequence[AbstractIncomingMessage]], Awaitable[Sequence[Exception | None]]]
+BatchHandler = Callable[[Sequence[Delivery]], Awaitable[Sequence[Exception | None]]]
 
 
 @dataclass(frozen=True)
@@ -153,14 +155,14 @@ class Batching:
 
 
 #: Called before a message is dead-lettered: (message, "permanent" | "exhausted", reason).
-GiveUpHook = Callable[[AbstractIncomingMessage, str, str], Awaitable[None]]
+GiveUpHook = Callable[[Delivery, str, str], Awaitable[None]]
 #: Called once a retry is in its tier, before the ack: (message, next attempt, delay in
 #: seconds, reason). For the record a person reads; its failure is logged, never fatal
 #: (the message is in the tier already).
-RetryHook = Callable[[AbstractIncomingMessage, int, float, str], Awaitable[None]]
+RetryHook = Callable[[Delivery, int, float, str], Awaitable[None]]
 
 #: How a message is settled for one outcome: (message, the handler's error or None).
-SettleStep = Callable[[AbstractIncomingMessage, Exception | None], Awaitable[None]]
+SettleStep = Callable[[Delivery, Exception | None], Awaitable[None]]
 
 #: Errors of an ack or nack on our own channel: it went away, the broker redelivers.
 _CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
@@ -170,7 +172,7 @@ _CHANNEL_GONE = (aiormq.exceptions.AMQPError, ConnectionError, RuntimeError)
 _SETTLING = object()
 
 
-def _channel_of(message: AbstractIncomingMessage) -> object:
+def _channel_of(message: Delivery) -> object:
     """The channel a delivery came on: its delivery tag is numbered there."""
     return getattr(message, "channel", None)
 
@@ -221,7 +223,7 @@ class Consumer:
         #: Acks of single deliveries go together where order allows (``_ack``).
         self._acks_together = acks_together
         #: Deliveries waiting for the next batch, with when each arrived.
-        self._gathered: list[tuple[AbstractIncomingMessage, float]] = []
+        self._gathered: list[tuple[Delivery, float]] = []
         self._gather_timer: asyncio.TimerHandle | None = None
         self._batch_task: asyncio.Task[None] | None = None
         self._channel: AbstractChannel | None = None
@@ -229,9 +231,7 @@ class Consumer:
         self.consuming = False
         #: Deliveries not yet settled, per channel in delivery order: the message, and the
         #: future its ack waits on once it is to be acked (see ``_ack``).
-        self._unsettled: dict[
-            object, dict[int, tuple[AbstractIncomingMessage, asyncio.Future[None] | object | None]]
-        ] = {}
+        self._unsettled: dict[object, dict[int, tuple[Delivery, asyncio.Future[None] | object | None]]] = {}
         self._acks_due = False
         self._flushes: set[asyncio.Task[None]] = set()
         #: Acks sent and the messages they settled (what ``multiple`` achieves).
@@ -265,8 +265,10 @@ class Consumer:
                 channel = await self._broker.channel()
                 self._channel = channel
                 await channel.set_qos(prefetch_count=self._prefetch)
-                queue = await channel.get_queue(self._queue, ensure=False)
-                self._consumer_tag = await queue.consume(self._on_message)
+                # On aiormq's channel: handlers get AmqpDelivery, not aio-pika's message
+                # (shared/broker/delivery.py says why).
+                raw = await channel.get_underlay_channel()
+                self._consumer_tag = (await raw.basic_consume(self._queue, self._on_delivered)).consumer_tag
                 self.consuming = True
                 logger.info("consuming %s (prefetch %d)", self._queue, self._prefetch)
                 backoff = 0.2
@@ -296,8 +298,7 @@ class Consumer:
         channel = self._channel
         if channel is not None and not channel.is_closed and self._consumer_tag:
             with contextlib.suppress(Exception):
-                queue = await channel.get_queue(self._queue, ensure=False)
-                await queue.cancel(self._consumer_tag)
+                await (await channel.get_underlay_channel()).basic_cancel(self._consumer_tag)
         # What was gathered for a batch goes now; each batch that ends starts the next.
         self._start_batch()
         deadline = time.monotonic() + drain_seconds
@@ -316,7 +317,10 @@ class Consumer:
             with contextlib.suppress(Exception):
                 await channel.close()
 
-    async def _on_message(self, message: AbstractIncomingMessage) -> None:
+    async def _on_delivered(self, message: DeliveredMessage) -> None:
+        await self._on_message(AmqpDelivery(message))
+
+    async def _on_message(self, message: Delivery) -> None:
         if self._batching is not None:
             self._gather(message)
             return
@@ -328,7 +332,7 @@ class Consumer:
 
     # ---- batches ------------------------------------------------------------------
 
-    def _gather(self, message: AbstractIncomingMessage) -> None:
+    def _gather(self, message: Delivery) -> None:
         assert self._batching is not None
         self._gathered.append((message, time.monotonic()))
         if self._batch_task is not None:
@@ -359,7 +363,7 @@ class Consumer:
             # What arrived meanwhile has waited for this batch already: it goes now.
             self._start_batch()
 
-    async def handle_batch(self, messages: Sequence[AbstractIncomingMessage]) -> None:
+    async def handle_batch(self, messages: Sequence[Delivery]) -> None:
         """Run the batch handler on messages delivered together, then settle each by its
         outcome: the successes with one ack (``multiple`` when they are the whole batch),
         the others through the settle step of their outcome. An infrastructure error of
@@ -404,7 +408,7 @@ class Consumer:
         failed = [(m, e) for m, e in zip(messages, outcomes, strict=True) if e is not None]
         await asyncio.gather(*(self._settle_alone(m, e) for m, e in failed))
 
-    async def _ack_together(self, messages: Sequence[AbstractIncomingMessage], *, whole: bool) -> None:
+    async def _ack_together(self, messages: Sequence[Delivery], *, whole: bool) -> None:
         """Ack a batch's successes. The whole batch takes one ``multiple`` ack of its last
         delivery: batches go one at a time in delivery order, so every delivery before it
         on the channel is settled already or in this batch. A batch with failures acks its
@@ -423,7 +427,7 @@ class Consumer:
         for m in messages:
             await self._ack(m)
 
-    async def _settle_alone(self, message: AbstractIncomingMessage, error: Exception) -> None:
+    async def _settle_alone(self, message: Delivery, error: Exception) -> None:
         """One message of a batch that failed alone: settled as the one-message handler's
         outcome would be; an infrastructure error runs the one-message handler on it."""
         outcome = classify(error)
@@ -444,7 +448,7 @@ class Consumer:
         with contextlib.suppress(TimeoutError):
             await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
 
-    async def handle_delivery(self, message: AbstractIncomingMessage) -> None:
+    async def handle_delivery(self, message: Delivery) -> None:
         """Run the handler on one delivery, then settle the message by the outcome
         (``classify``), through the one settle step for that outcome. An infrastructure
         error is not settled: the handler runs again, with backoff, until it works or
@@ -472,7 +476,7 @@ class Consumer:
             )
             await self._pause(backoff.next())
 
-    async def _run_handler(self, message: AbstractIncomingMessage) -> Exception | None:
+    async def _run_handler(self, message: Delivery) -> Exception | None:
         """The handler's outcome: None when it returned, else what it raised."""
         try:
             await self._handler(message)
@@ -484,17 +488,17 @@ class Consumer:
 
     # ---- one settle step per outcome ----------------------------------------------
 
-    async def _settle_ack(self, message: AbstractIncomingMessage, _: Exception | None) -> None:
+    async def _settle_ack(self, message: Delivery, _: Exception | None) -> None:
         await self._ack(message)
 
-    async def _settle_dead_letter(self, message: AbstractIncomingMessage, error: Exception | None) -> None:
+    async def _settle_dead_letter(self, message: Delivery, error: Exception | None) -> None:
         await self._dead_letter(message, "permanent", str(error))
 
-    async def _settle_retry_tier(self, message: AbstractIncomingMessage, error: Exception | None) -> None:
+    async def _settle_retry_tier(self, message: Delivery, error: Exception | None) -> None:
         assert isinstance(error, RetryLater)
         await self._retry_tier(message, error)
 
-    async def _settle_requeue(self, message: AbstractIncomingMessage, error: Exception | None) -> None:
+    async def _settle_requeue(self, message: Delivery, error: Exception | None) -> None:
         """An unexpected error (a bug, a poison input): requeue after a pause, or on the
         last delivery the queue allows, give up and dead-letter."""
         if last_delivery(message.headers, self._delivery_limit):
@@ -519,7 +523,7 @@ class Consumer:
 
     # ---- the primitives the settle steps share --------------------------------------
 
-    async def _ack(self, message: AbstractIncomingMessage) -> None:
+    async def _ack(self, message: Delivery) -> None:
         """Ack, together with the other acks due in this turn of the event loop: the
         oldest deliveries of the channel still outstanding, when they are all to be
         acked, go as one ack with ``multiple`` (it settles every outstanding delivery up
@@ -567,7 +571,7 @@ class Consumer:
                     if isinstance(done, asyncio.Future) and not done.done():
                         done.set_result(None)
 
-    async def _send_ack(self, message: AbstractIncomingMessage, *, multiple: bool, count: int) -> None:
+    async def _send_ack(self, message: Delivery, *, multiple: bool, count: int) -> None:
         try:
             if multiple:
                 await message.ack(multiple=True)
@@ -581,7 +585,7 @@ class Consumer:
         ACK_MESSAGES.labels(queue=self._queue).observe(count)
 
     @contextlib.contextmanager
-    def _settling(self, message: AbstractIncomingMessage) -> Iterator[None]:
+    def _settling(self, message: Delivery) -> Iterator[None]:
         """A delivery settled otherwise than by an ack (requeued, dead-lettered): no
         ``multiple`` ack reaches past it until that is sent."""
         channel, tag = _channel_of(message), getattr(message, "delivery_tag", None)
@@ -596,7 +600,7 @@ class Consumer:
                 if not pending and self._unsettled.get(channel) is pending:
                     del self._unsettled[channel]
 
-    async def _nack_requeue(self, message: AbstractIncomingMessage) -> None:
+    async def _nack_requeue(self, message: Delivery) -> None:
         try:
             with self._settling(message):
                 await message.nack(requeue=True)
@@ -605,7 +609,7 @@ class Consumer:
 
     async def _until_done(
         self,
-        message: AbstractIncomingMessage,
+        message: Delivery,
         what: str,
         step: Callable[[], Awaitable[None]],
         *,
@@ -636,7 +640,7 @@ class Consumer:
                 )
                 await self._pause(backoff.next())
 
-    async def _dead_letter(self, message: AbstractIncomingMessage, kind: str, reason: str) -> None:
+    async def _dead_letter(self, message: Delivery, kind: str, reason: str) -> None:
         """``on_give_up`` (retried until it works: the record must exist before the message
         leaves), then reject without requeue so the DLX takes it."""
         hook = self._on_give_up
@@ -670,7 +674,7 @@ class Consumer:
         except _CHANNEL_GONE as exc:
             logger.warning("could not dead-letter %s on %s: %s", message.message_id, self._queue, exc)
 
-    async def _retry_tier(self, message: AbstractIncomingMessage, error: RetryLater) -> None:
+    async def _retry_tier(self, message: Delivery, error: RetryLater) -> None:
         retry = self._retry
         assert retry is not None
         attempt = attempt_of(message.headers)

@@ -15,22 +15,22 @@ import datetime as dt
 import decimal
 import json
 import logging
-from collections.abc import Awaitable, Callable
+from collections.abc import Awaitable, Callable, Mapping
 from typing import Any
 
 import asyncpg
-from aio_pika.abc import AbstractIncomingMessage
 
 from shared import metrics
+from shared.broker.delivery import Delivery
 from shared.retry import ERROR_HEADER
 
 logger = logging.getLogger(__name__)
 
 #: (message, reason in words) -> settle what the message stood for.
-DeadHook = Callable[[AbstractIncomingMessage, str], Awaitable[None]]
+DeadHook = Callable[[Delivery, str], Awaitable[None]]
 
 
-def dead_reason(headers: dict[str, Any] | None) -> str:
+def dead_reason(headers: Mapping[str, Any] | None) -> str:
     """Why the broker dead-lettered a message, in words: its latest death (rejected,
     delivery_limit, expired) and where, plus the last error our consumer recorded.
     ``x-death`` lists deaths most recent first (a retry tier's expiry is one, too)."""
@@ -53,7 +53,7 @@ class DeadLetterRecorder:
         self._queue = queue
         self._on_dead = on_dead
 
-    async def handle(self, message: AbstractIncomingMessage) -> None:
+    async def handle(self, message: Delivery) -> None:
         """Consumer handler for a ``.dead`` queue."""
         reason = dead_reason(message.headers)
         if self._on_dead is not None:

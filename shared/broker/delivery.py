@@ -1,0 +1,80 @@
+"""A message as the broker delivered it to one of our consumers: what handlers read and
+what the consumer wrapper settles.
+
+The wrapper consumes on aiormq's channel and hands handlers an ``AmqpDelivery``, a view
+of aiormq's own delivered message, instead of aio-pika's ``IncomingMessage``. aio-pika
+built that object for every delivery (each of a dozen properties copied and converted
+through a checking ``__setattr__``) and ran the callback in a task of its own, beside
+the one aiormq already runs it in: about 75 microseconds of CPU a message, 30% of what
+a delivery cost our consumers (a consumer of 20,000 messages, acking 32 at a time:
+250 against 175 microseconds a message). Every inbound message and every reply job is
+delivered once at least, so the coalescer and the responder each paid it per message.
+
+Handlers and tests depend on ``Delivery``, the few things they use; the fakes in the
+unit tests implement it too.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Protocol
+
+import aiormq
+from aiormq.abc import DeliveredMessage
+
+
+class Delivery(Protocol):
+    """One delivery: its body and properties, and its settlement on its own channel (an
+    ack with ``multiple`` settles every earlier outstanding delivery of that channel)."""
+
+    @property
+    def body(self) -> bytes: ...
+
+    @property
+    def message_id(self) -> str | None: ...
+
+    @property
+    def headers(self) -> Mapping[str, Any]: ...
+
+    @property
+    def delivery_tag(self) -> int | None: ...
+
+    @property
+    def channel(self) -> object: ...
+
+    async def ack(self, multiple: bool = False) -> None: ...
+
+    async def nack(self, requeue: bool = True) -> None: ...
+
+    async def reject(self, requeue: bool = False) -> None: ...
+
+
+class AmqpDelivery:
+    """A delivery on an aiormq channel. Settling it on a channel that has closed raises
+    aiormq's ``ChannelInvalidStateError`` (the broker redelivers the message)."""
+
+    __slots__ = ("_properties", "body", "channel", "delivery_tag", "message_id")
+
+    def __init__(self, message: DeliveredMessage) -> None:
+        properties = message.header.properties
+        self.body: bytes = message.body
+        self.channel: aiormq.abc.AbstractChannel = message.channel
+        self.delivery_tag: int | None = message.delivery_tag
+        self.message_id: str | None = properties.message_id
+        self._properties = properties
+
+    @property
+    def headers(self) -> Mapping[str, Any]:
+        return self._properties.headers or {}
+
+    async def ack(self, multiple: bool = False) -> None:
+        if self.delivery_tag is not None:
+            await self.channel.basic_ack(self.delivery_tag, multiple=multiple)
+
+    async def nack(self, requeue: bool = True) -> None:
+        if self.delivery_tag is not None:
+            await self.channel.basic_nack(self.delivery_tag, requeue=requeue)
+
+    async def reject(self, requeue: bool = False) -> None:
+        if self.delivery_tag is not None:
+            await self.channel.basic_reject(self.delivery_tag, requeue=requeue)

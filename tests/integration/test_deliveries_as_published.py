@@ -1,0 +1,190 @@
+"""What a message carries from our publisher to our consumer's handlers, on a real broker.
+
+The publisher builds its properties itself and the consumer hands handlers aiormq's
+delivery through ``AmqpDelivery`` (both were aio-pika's ``Message`` and
+``IncomingMessage``, for CPU: shared/broker/delivery.py). These hold that nothing a
+handler or the broker relies on changed: the properties are those aio-pika's ``Message``
+gave, and a handler reads the body, message id and headers as published, the broker's
+own headers after a requeue and a dead-lettering, and settles the delivery it was given."""
+
+from __future__ import annotations
+
+import asyncio
+import uuid
+from collections.abc import AsyncIterator
+from typing import Any
+
+import aio_pika
+import pytest
+
+from shared.broker.connection import BrokerConnection
+from shared.broker.consumer import Batching, Consumer, Reject
+from shared.broker.delivery import Delivery
+from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
+from tests.conftest import TEST_TOPOLOGY
+from tests.support.infra import Infra
+
+pytestmark = [pytest.mark.integration]
+
+EXCHANGE = "deliveries-test.x"
+HEADERS: dict[str, Any] = {
+    "chatq-attempt": 3,
+    "chatq-error": "platform 503",
+    "flag": True,
+    "nested": {"n": 1},
+}
+
+
+@pytest.fixture
+async def queues(infra: Infra) -> AsyncIterator[tuple[str, str]]:
+    """A work queue that dead-letters (rejected, or past 2 redeliveries) into a dead one."""
+    tag = uuid.uuid4().hex[:8]
+    work, dead = f"deliveries-test.work.{tag}", f"deliveries-test.dead.{tag}"
+    conn = await aio_pika.connect(infra.amqp_url)
+    ch = await conn.channel()
+    ex = await ch.declare_exchange(EXCHANGE, aio_pika.ExchangeType.DIRECT, durable=True)
+    q = await ch.declare_queue(
+        work,
+        durable=True,
+        arguments={
+            "x-queue-type": "quorum",
+            "x-delivery-limit": 2,
+            "x-dead-letter-exchange": EXCHANGE,
+            "x-dead-letter-routing-key": dead,
+        },
+    )
+    d = await ch.declare_queue(dead, durable=True, arguments={"x-queue-type": "quorum"})
+    await q.bind(ex, routing_key=work)
+    await d.bind(ex, routing_key=dead)
+    try:
+        yield work, dead
+    finally:
+        await ch.queue_delete(work)
+        await ch.queue_delete(dead)
+        await conn.close()
+
+
+def ours(headers: Any) -> dict[str, Any]:
+    """The headers we set (a quorum queue adds its own x- ones)."""
+    return {k: v for k, v in (headers or {}).items() if not k.startswith("x-")}
+
+
+async def publish(infra: Infra, key: str, *messages: tuple[str, bytes]) -> None:
+    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
+    try:
+        results = await ConfirmingPublisher(broker).publish_many(
+            [OutgoingMessage(EXCHANGE, key, mid, body, headers=HEADERS) for mid, body in messages]
+        )
+        assert results == [None] * len(messages)
+    finally:
+        await broker.close()
+
+
+async def consume_until(
+    infra: Infra, queue: str, handler: Any, done: asyncio.Event, **options: Any
+) -> Consumer:
+    broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
+    consumer = Consumer(broker, queue, handler, prefetch=16, requeue_pause=0, **options)
+    task = asyncio.create_task(consumer.run())
+    try:
+        await asyncio.wait_for(done.wait(), 30)
+    finally:
+        await consumer.stop(drain_seconds=5)
+        task.cancel()
+        await broker.close()
+    return consumer
+
+
+async def test_the_publisher_sends_the_properties_aio_pikas_message_gave(
+    infra: Infra, queues: tuple[str, str]
+) -> None:
+    work, _ = queues
+    await publish(infra, work, ("m-1", b'{"a": 1}'))
+    expected = aio_pika.Message(
+        b'{"a": 1}',
+        message_id="m-1",
+        headers=HEADERS,
+        content_type="application/json",
+        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+    ).properties
+    conn = await aio_pika.connect(infra.amqp_url)
+    try:
+        q = await (await conn.channel()).get_queue(work)
+        got = await q.get(no_ack=True, timeout=10)
+        assert got is not None
+        properties = {k: getattr(got, k) for k in ("message_id", "content_type", "delivery_mode", "priority")}
+        assert properties == {
+            "message_id": expected.message_id,
+            "content_type": expected.content_type,
+            "delivery_mode": aio_pika.DeliveryMode.PERSISTENT,
+            "priority": expected.priority,
+        }
+        assert ours(got.headers) == HEADERS and got.body == b'{"a": 1}'
+    finally:
+        await conn.close()
+
+
+async def test_a_handler_reads_each_delivery_as_published_and_every_one_is_acked(
+    infra: Infra, queues: tuple[str, str]
+) -> None:
+    work, _ = queues
+    sent = [(f"m-{i}", f'{{"n": {i}}}'.encode()) for i in range(40)]
+    await publish(infra, work, *sent)
+    seen: list[tuple[str | None, bytes, dict[str, Any]]] = []
+    done = asyncio.Event()
+
+    async def one(message: Delivery) -> None:
+        raise AssertionError("every batch succeeds: nothing is handled alone")
+
+    async def batch(messages: list[Delivery]) -> list[Exception | None]:
+        seen.extend((m.message_id, m.body, ours(m.headers)) for m in messages)
+        if len(seen) >= len(sent):
+            done.set()
+        return [None] * len(messages)
+
+    await consume_until(infra, work, one, done, batching=Batching(batch, 16, 0.01))  # type: ignore[arg-type]
+    assert seen == [(mid, body, HEADERS) for mid, body in sent]
+    conn = await aio_pika.connect(infra.amqp_url)
+    try:
+        q = await (await conn.channel()).declare_queue(work, passive=True)
+        assert q.declaration_result.message_count == 0  # every one acked
+    finally:
+        await conn.close()
+
+
+async def test_a_handler_sees_the_brokers_delivery_count_and_a_poison_message_is_dead_lettered_alone(
+    infra: Infra, queues: tuple[str, str]
+) -> None:
+    work, dead = queues
+    await publish(infra, work, ("poison", b"{}"), ("bad", b"{}"))
+    counts: list[tuple[str | None, int]] = []
+    done = asyncio.Event()
+
+    async def handle(message: Delivery) -> None:
+        counts.append((message.message_id, int(message.headers.get("x-delivery-count", 0))))
+        if message.message_id == "bad":
+            raise Reject("not ours")
+        if len(counts) >= 4:
+            done.set()
+        raise RuntimeError("a bug: requeued until the delivery limit")
+
+    await consume_until(infra, work, handle, done, delivery_limit=2)  # the queue's own limit
+    # The poison message came back with the broker's count each time; the rejected one once.
+    assert [c for m, c in counts if m == "poison"][:3] == [0, 1, 2]
+    assert [m for m, _ in counts].count("bad") == 1
+    dead_letters: list[tuple[str | None, str | None]] = []
+    conn = await aio_pika.connect(infra.amqp_url)
+    try:
+        q = await (await conn.channel()).get_queue(dead)
+        for _ in range(50):
+            got = await q.get(no_ack=True, fail=False)
+            if got is None:
+                if len(dead_letters) == 2:
+                    break
+                await asyncio.sleep(0.1)
+                continue
+            deaths = got.headers.get("x-death") or [{}]
+            dead_letters.append((got.message_id, str(deaths[0].get("reason"))))  # type: ignore[union-attr,index]
+    finally:
+        await conn.close()
+    assert sorted(dead_letters) == [("bad", "rejected"), ("poison", "rejected")]
