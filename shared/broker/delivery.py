@@ -49,32 +49,49 @@ class Delivery(Protocol):
     async def reject(self, requeue: bool = False) -> None: ...
 
 
-class AmqpDelivery:
-    """A delivery on an aiormq channel. Settling it on a channel that has closed raises
-    aiormq's ``ChannelInvalidStateError`` (the broker redelivers the message)."""
+class AlreadySettled(RuntimeError):
+    """A delivery was acked, nacked or rejected already. Sending a second settlement would
+    name a delivery tag the broker has forgotten, and the broker would close the channel
+    and redeliver every other delivery outstanding on it; this refuses it instead, as
+    aio-pika's message did (the consumer logs it and goes on)."""
 
-    __slots__ = ("_properties", "body", "channel", "delivery_tag", "message_id")
+
+class AmqpDelivery:
+    """A delivery on an aiormq channel, settled at most once. Settling it on a channel that
+    has closed raises aiormq's ``ChannelInvalidStateError`` (the broker redelivers the
+    message)."""
+
+    __slots__ = ("_properties", "_settled", "body", "channel", "delivery_tag", "message_id")
 
     def __init__(self, message: DeliveredMessage) -> None:
         properties = message.header.properties
         self.body: bytes = message.body
         self.channel: aiormq.abc.AbstractChannel = message.channel
         self.delivery_tag: int | None = message.delivery_tag
-        self.message_id: str | None = properties.message_id
+        # As aio-pika read it: an empty id is no id.
+        self.message_id: str | None = properties.message_id or None
         self._properties = properties
+        self._settled = False
 
     @property
     def headers(self) -> Mapping[str, Any]:
         return self._properties.headers or {}
 
+    def _settle(self) -> int | None:
+        """The tag to settle, once: a second settlement raises ``AlreadySettled``."""
+        if self._settled:
+            raise AlreadySettled(f"delivery {self.delivery_tag} ({self.message_id}) is settled already")
+        self._settled = True
+        return self.delivery_tag
+
     async def ack(self, multiple: bool = False) -> None:
-        if self.delivery_tag is not None:
-            await self.channel.basic_ack(self.delivery_tag, multiple=multiple)
+        if (tag := self._settle()) is not None:
+            await self.channel.basic_ack(tag, multiple=multiple)
 
     async def nack(self, requeue: bool = True) -> None:
-        if self.delivery_tag is not None:
-            await self.channel.basic_nack(self.delivery_tag, requeue=requeue)
+        if (tag := self._settle()) is not None:
+            await self.channel.basic_nack(tag, requeue=requeue)
 
     async def reject(self, requeue: bool = False) -> None:
-        if self.delivery_tag is not None:
-            await self.channel.basic_reject(self.delivery_tag, requeue=requeue)
+        if (tag := self._settle()) is not None:
+            await self.channel.basic_reject(tag, requeue=requeue)

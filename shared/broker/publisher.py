@@ -37,7 +37,9 @@ def _properties(m: OutgoingMessage) -> aiormq.spec.Basic.Properties:
         content_type=m.content_type,
         delivery_mode=aio_pika.DeliveryMode.PERSISTENT.value,
         headers=dict(m.headers),
-        message_id=m.message_id,
+        # As aio-pika's Message took it: text, and an empty id is none (aiormq gives the
+        # publish one of its own).
+        message_id=str(m.message_id) if m.message_id else None,
         priority=0,
     )
 

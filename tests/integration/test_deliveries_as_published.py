@@ -70,6 +70,7 @@ def ours(headers: Any) -> dict[str, Any]:
 
 
 async def publish(infra: Infra, key: str, *messages: tuple[str, bytes]) -> None:
+    """Publish through our publisher; every one must be confirmed."""
     broker = BrokerConnection(infra.amqp_url, TEST_TOPOLOGY)
     try:
         results = await ConfirmingPublisher(broker).publish_many(
@@ -99,29 +100,33 @@ async def test_the_publisher_sends_the_properties_aio_pikas_message_gave(
     infra: Infra, queues: tuple[str, str]
 ) -> None:
     work, _ = queues
-    await publish(infra, work, ("m-1", b'{"a": 1}'))
-    expected = aio_pika.Message(
-        b'{"a": 1}',
-        message_id="m-1",
-        headers=HEADERS,
-        content_type="application/json",
-        delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
-    ).properties
+    op = uuid.uuid4()
+    await publish(infra, work, ("m-1", b'{"a": 1}'), (op, b"{}"), ("", b"{}"))  # type: ignore[arg-type]
     conn = await aio_pika.connect(infra.amqp_url)
     try:
         q = await (await conn.channel()).get_queue(work)
-        got = await q.get(no_ack=True, timeout=10)
-        assert got is not None
-        properties = {k: getattr(got, k) for k in ("message_id", "content_type", "delivery_mode", "priority")}
-        assert properties == {
-            "message_id": expected.message_id,
-            "content_type": expected.content_type,
-            "delivery_mode": aio_pika.DeliveryMode.PERSISTENT,
-            "priority": expected.priority,
-        }
-        assert ours(got.headers) == HEADERS and got.body == b'{"a": 1}'
+        got = [await q.get(no_ack=True, timeout=10) for _ in range(3)]
     finally:
         await conn.close()
+    for message, (mid, body) in zip(got, [("m-1", b'{"a": 1}'), (op, b"{}"), ("", b"{}")], strict=True):
+        assert message is not None and message.body == body
+        expected = aio_pika.Message(
+            body,
+            message_id=mid,  # type: ignore[arg-type]
+            headers=HEADERS,
+            content_type="application/json",
+            delivery_mode=aio_pika.DeliveryMode.PERSISTENT,
+        ).properties
+        seen = message.properties
+        # Every property as aio-pika's Message sent it (the headers apart: the queue adds its own).
+        for name in seen.__slots__:
+            if name not in ("headers", "message_id"):
+                assert getattr(seen, name) == getattr(expected, name), name
+        assert ours(seen.headers) == HEADERS
+        if mid:
+            assert seen.message_id == str(mid)  # a UUID goes out as its text
+        else:
+            assert seen.message_id  # none given: aiormq names the publish itself, as before
 
 
 async def test_a_handler_reads_each_delivery_as_published_and_every_one_is_acked(
@@ -188,3 +193,31 @@ async def test_a_handler_sees_the_brokers_delivery_count_and_a_poison_message_is
     finally:
         await conn.close()
     assert sorted(dead_letters) == [("bad", "rejected"), ("poison", "rejected")]
+
+
+async def test_a_handler_that_settles_its_own_delivery_leaves_the_others_on_the_channel_alone(
+    infra: Infra, queues: tuple[str, str], caplog: pytest.LogCaptureFixture
+) -> None:
+    """A delivery is settled once: the wrapper's ack after a handler's own is refused, not
+    sent (a second ack of a tag makes the broker close the channel and redeliver every
+    delivery outstanding on it)."""
+    work, _ = queues
+    await publish(infra, work, *[(f"m-{i}", b"{}") for i in range(5)])
+    handled: list[str | None] = []
+    release, done = asyncio.Event(), asyncio.Event()
+
+    async def handle(message: Delivery) -> None:
+        handled.append(message.message_id)
+        if message.message_id == "m-0":
+            await message.ack()  # settles itself, while its neighbours are in flight
+            release.set()
+            return
+        await release.wait()
+        if len(handled) >= 5:
+            done.set()
+
+    consumer = await consume_until(infra, work, handle, done)
+    assert sorted(handled) == [f"m-{i}" for i in range(5)]  # each once: nothing redelivered
+    assert "settled already" in caplog.text
+    assert "reconnecting" not in caplog.text
+    assert consumer.messages_acked >= 4
