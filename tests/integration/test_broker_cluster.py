@@ -9,12 +9,12 @@ from __future__ import annotations
 import asyncio
 import time
 
-import aio_pika
 import pytest
 
 from chaos.cluster import LocalCluster, running_cluster
 from shared.broker.connection import BrokerConnection, BrokerUnreachable
 from shared.broker.consumer import Consumer
+from shared.broker.delivery import Delivery
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.broker.topology import (
     JOB_ROUTING_KEY,
@@ -94,7 +94,7 @@ async def test_a_consumer_and_a_publisher_with_every_address_carry_on_through_an
     publish_broker = BrokerConnection(local_cluster.urls, TOPOLOGY, name="publish")
     received: set[str] = set()
 
-    async def handle(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+    async def handle(message: Delivery) -> None:
         received.add(message.message_id or "")
 
     consumer = Consumer(consume_broker, RESPONDER_QUEUE, handle, prefetch=20)

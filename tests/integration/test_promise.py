@@ -26,6 +26,7 @@ from services.responder.llm import Turn
 from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer, RetryLater, RetryTiers
+from shared.broker.delivery import Delivery
 from shared.broker.publisher import ConfirmingPublisher
 from shared.broker.topology import (
     DEAD_EXCHANGE,
@@ -186,7 +187,7 @@ async def test_a_retry_tier_publish_that_fails_keeps_the_message_until_it_goes_a
     broker = BrokerConnection(infra.amqp_url, topology, name="consume")
     calls: list[int] = []
 
-    async def handler(message: aio_pika.abc.AbstractIncomingMessage) -> None:
+    async def handler(message: Delivery) -> None:
         calls.append(int((message.headers or {}).get(ATTEMPT_HEADER, 1)))
         if len(calls) == 1:
             raise RetryLater("the platform is busy")
