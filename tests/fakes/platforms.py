@@ -5,7 +5,7 @@ a generic reply endpoint and an alert sink. They record what they receive and fa
 demand.
 
 **They cannot lie.** Every Telegram and Avito request is checked against the platforms'
-own reference documents (``tests/fakes/spec.py``, ``../shared/reference``): the method or
+own reference documents (``tests/fakes/spec.py``, ``tests/fakes/reference``): the method or
 path must exist, parameters and bodies must have the documented fields and types (text
 up to 4096 characters for Telegram, 1000 for Avito). A request the documents do not
 allow gets the platform's error answer and is recorded in ``FakeWorld.violations``; the
@@ -784,7 +784,7 @@ def _avito_routes(app: FastAPI, world: FakeWorld) -> None:
         if op.operation_id not in AVITO_PUBLIC:
             auth = request.headers.get("authorization", "")
             if not (auth.startswith("Bearer ") and auth[7:] in world.avito_tokens):
-                # An expired or unknown token gives 403 (../shared/platforms.md).
+                # An expired or unknown token gives 403 (docs/platforms.md).
                 return avito_error(403)
             user = check.path_params.get("user_id")
             world.avito_callers.append(
