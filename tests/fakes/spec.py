@@ -188,6 +188,8 @@ class AvitoCheck:
     unauthenticated: bool = False
     #: The documented query parameters given, read as their schemas' types.
     query: dict[str, Any] = field(default_factory=dict)
+    #: The client id the request's token was issued to (set by the fake, which issued it).
+    client_id: str | None = None
 
 
 def _coerce(value: str, schema: Mapping[str, Any]) -> Any:
