@@ -115,6 +115,9 @@ class Intake:
     #: Known to be our own reply coming back (a Telegram business message our bot sent):
     #: stored as an echo, which settles a send whose answer was lost.
     ours: bool = False
+    #: A person's whatever the policy: the bot cannot answer it safely (no chat to answer
+    #: in; no id of its own, so a copy of it could not be told apart and answered twice).
+    person_only: bool = False
     #: Defaults taken for fields the platform left out, as the record shows them.
     notes: tuple[str, ...] = ()
     #: Handed to a person as it is stored (needs_review), with this reason.
@@ -129,7 +132,7 @@ class Intake:
         chat: nothing can answer it), else it is answered like any other."""
         if self.unreadable is None or self.ignored_reason is not None:
             return self
-        if policy == "answer" and self.chat_id is not None:
+        if policy == "answer" and not self.person_only:
             return self
         return dataclasses.replace(self, review=f"{self.unreadable}: {PERSON_HINT}")
 

@@ -4,20 +4,33 @@
 -- and a reply already handed to a person as unknown (needs_review) that is echoed later is
 -- settled here: sent, its messages replied.
 
+-- How many replies of the chat with this text may be on the platform without their id
+-- recorded (a delivery 'sending' or 'unknown', or one that may have sent once): an echo of
+-- the text proves one of them went out, but says which only when there is one.
+CREATE OR REPLACE FUNCTION chatq_echo_candidates(p_chat_key text, p_text text) RETURNS bigint
+LANGUAGE sql STABLE AS $$
+    SELECT count(*) FROM reply_jobs r JOIN deliveries d ON d.job_id = r.id
+    WHERE r.chat_key = p_chat_key AND r.status IN ('pending', 'processing', 'needs_review')
+      AND (d.status IN ('sending', 'unknown') OR d.maybe_sent)
+      AND chatq_text_norm(d.text) = chatq_text_norm(p_text)
+$$;
+
 -- The platform's id of an echo of p_text in the chat seen since p_since that is not one of
--- p_exclude (replies already recorded), or NULL.
+-- p_exclude (replies already recorded), or NULL; NULL too when another reply of the chat
+-- with the same text may also be on the platform (the echo could be its).
 CREATE OR REPLACE FUNCTION chatq_echo_of(p_chat_key text, p_text text, p_since timestamptz, p_exclude text[])
 RETURNS text LANGUAGE sql STABLE AS $$
     SELECT e.platform_message_id FROM reply_echoes e
     WHERE e.chat_key = p_chat_key AND e.text_norm = chatq_text_norm(p_text) AND e.seen_at >= p_since
       AND e.platform_message_id <> ALL(coalesce(p_exclude, '{}'))
+      AND chatq_echo_candidates(p_chat_key, p_text) <= 1
     ORDER BY e.seen_at
     LIMIT 1
 $$;
 
--- Record an echo of our reply (p_message_id: its id on the platform). A reply of the chat
--- that went to a person because its send's outcome was unknown, with this text and no
--- parts, is settled by it: the job sent, its delivery sent, its messages replied ("the
+-- Record an echo of our reply (p_message_id: its id on the platform). The one reply of the
+-- chat that went to a person because its send's outcome was unknown, with this text and
+-- no parts (when no other reply of the chat with the text may be out), is settled by it: the job sent, its delivery sent, its messages replied ("the
 -- platform echoed the reply"), the chat's last answered message moved. Returns the job it
 -- settled, or NULL.
 CREATE OR REPLACE FUNCTION chatq_record_echo(p_chat_key text, p_message_id text, p_text text)
@@ -45,8 +58,8 @@ BEGIN
     ORDER BY d.started_at DESC
     LIMIT 1
     FOR UPDATE OF r;
-    IF NOT FOUND THEN
-        RETURN NULL;
+    IF NOT FOUND OR chatq_echo_candidates(p_chat_key, p_text) > 1 THEN
+        RETURN NULL;  -- none, or more than one reply the echo could be
     END IF;
     UPDATE reply_jobs SET status = 'sent', reply_text = j.text, platform_message_id = p_message_id, sent_at = at,
            error_kind = NULL, error_message = NULL, updated_at = now()

@@ -323,3 +323,31 @@ async def test_a_message_in_a_topic_is_answered_in_that_topic(
         assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
     (reply,) = world.telegram
     assert (reply["chat_id"], reply["message_thread_id"]) == (-100600, 17)
+
+
+async def test_an_echo_that_could_be_either_of_two_lost_replies_settles_neither(
+    pipeline: Pipeline, world: FakeWorld
+) -> None:
+    # Two replies of one chat with the same words, both lost on the way back: an echo of
+    # those words proves one went out, not which. Neither is taken for sent.
+    ops = []
+    for n in range(2):
+        world.fail("telegram.send", "lost")
+        asked = await pipeline.post_telegram(
+            telegram_business_update(60 + n, connection="biz-two", customer=3400, text="Is it available?")
+        )
+        ops.append(asked["operation_id"])
+        assert (await pipeline.settled(asked["operation_id"], within=30))["status"] == "needs_review"
+    assert world.telegram[0]["text"] == world.telegram[1]["text"]
+    echo = telegram_business_update(
+        62,
+        connection="biz-two",
+        customer=3400,
+        author=9009,
+        text=world.telegram[1]["text"],
+        sender_business_bot=BOT,
+        message_id=world.telegram[1]["message_id"],
+    )
+    await pipeline.post_telegram(echo)
+    for op in ops:
+        assert (await pipeline.status(op))["status"] == "needs_review"

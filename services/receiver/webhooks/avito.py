@@ -17,6 +17,7 @@ the poller found it in a chat (services/receiver/recovery.py)."""
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import hmac
 import json
@@ -87,6 +88,7 @@ def normalise(data: object, raw: str) -> Intake:
         notes.append("user_id missing: the account is the webhook path's")
     chat_id = _id(value.get("chat_id"))
     message_id = _id(value.get("id"))
+    nameless = message_id is None
     if message_id is None:
         if hook.id:
             message_id = f"evt:{hook.id}"
@@ -112,7 +114,7 @@ def normalise(data: object, raw: str) -> Intake:
         created = None
         notes.append("created missing: the time of receipt")
     chat_type = value.get("chat_type")
-    return message_intake(
+    intake = message_intake(
         account_id=user_id or UNKNOWN_ACCOUNT,
         chat_id=chat_id,
         message_id=message_id,
@@ -124,6 +126,15 @@ def normalise(data: object, raw: str) -> Intake:
         raw=raw,
         notes=tuple(notes),
     )
+    if nameless and intake.ignored_reason is None and intake.chat_id is not None:
+        # The poll, or a copy of it, would find it under its real id: never answered twice,
+        # it goes to a person.
+        return dataclasses.replace(
+            intake,
+            unreadable="Avito sent this message without its id: the bot cannot tell it from a copy of it",
+            person_only=True,
+        )
+    return intake
 
 
 def _id(value: object) -> str | None:
@@ -185,7 +196,8 @@ def message_intake(
         reason = "empty message"
     elif media is not None:
         unreadable = media.unreadable(link_words)
-    if chat_id is None and reason is None:
+    person_only = chat_id is None and reason is None
+    if person_only:
         unreadable = "Avito's message names no chat (chat_id missing): the bot cannot answer it"
     return Intake(
         platform="avito",
@@ -200,6 +212,7 @@ def message_intake(
         ignored_reason=reason,
         written_by_seller=written_by_account,
         unreadable=unreadable,
+        person_only=person_only,
         notes=notes,
     )
 
