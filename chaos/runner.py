@@ -708,6 +708,9 @@ async def run_scenario(
                 avito_client_id="chaos",
                 avito_client_secret="chaos-secret",
                 avito_api_base=world.url,
+                # The campaign's traffic is far above a real account's; Avito's per-minute
+                # budget is tested by its own tests, not here.
+                avito_requests_per_minute=100_000,
                 generic_webhook_secret=GENERIC_SECRET,
                 generic_reply_url=f"{world.url}/generic/replies",
                 llm_base_url=f"{world.url}/v1" if scenario.llm else None,

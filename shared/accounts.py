@@ -14,10 +14,11 @@ returns only which ones are set.
 
 The environment's single-account settings (CHATQ_TELEGRAM_BOT_TOKEN, CHATQ_AVITO_CLIENT_ID,
 ...) keep working: at start ``record_environment`` makes (or updates) the Telegram bot's
-row, source 'environment'; an Avito or generic account of the environment gets its row
-with its first message (Avito names the account only there), and at start every Avito
-account the inbox already has messages of and no row (a deployment from before accounts
-were data), so the Avito poll reads it. Their credentials stay in the environment, never
+row, source 'environment'; the environment's Avito account gets its row when Avito names
+it (``/core/v1/accounts/self``, asked by the poll from the first start) or with its first
+message, a generic one with its first message, and at start every Avito account the inbox
+already has messages of and no row (a deployment from before accounts were data), so the
+Avito poll reads it. Their credentials stay in the environment, never
 in the table.
 """
 

@@ -157,7 +157,7 @@ class Settings(BaseSettings):
     avito_backfill_seconds: float = Field(default=3600.0, ge=0, le=86400)
     # One request budget per Avito account, shared by the poll and the sends of every
     # process (Avito counts per minute; X-RateLimit-Limit, when Avito states it, wins).
-    avito_requests_per_minute: int = Field(default=60, ge=1, le=100_000)
+    avito_requests_per_minute: int = Field(default=300, ge=1, le=100_000)
     generic_webhook_secret: SecretStr | None = None
     generic_reply_url: str | None = None
     generic_reply_secret: SecretStr | None = None

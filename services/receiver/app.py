@@ -5,7 +5,6 @@ surface on two) until SIGTERM, then drains."""
 from __future__ import annotations
 
 import asyncio
-import dataclasses
 import logging
 import math
 import time
@@ -327,17 +326,12 @@ def _webhook_routes(settings: Settings) -> APIRouter:
                 metrics.WEBHOOK_SECONDS.labels(platform="avito").observe(time.perf_counter() - started)
                 metrics.WEBHOOKS.labels(platform="avito", outcome="no_payload").inc()
                 return JSONResponse({"ok": True, "ignored": "no message payload: nothing to store"})
-            intake = avito.normalise(data, raw)
-            if account is None and intake.account_id == avito.UNKNOWN_ACCOUNT:
-                # A message that names no account, on the environment's path: the
-                # environment's Avito account, when it has exactly one.
-                named = environment_avito(request)
-                if named is not None:
-                    intake = dataclasses.replace(intake, account_id=named)
+            # A message that names no account is this path's account's: an added account's
+            # own path, or on the environment's path its one Avito account.
+            hint = account.account_id if account is not None else environment_avito(request)
+            intake = avito.normalise(data, raw, hint)
             if account is None:
                 not_another_accounts(request, "avito", intake.account_id)
-            elif intake.account_id == avito.UNKNOWN_ACCOUNT:
-                intake = dataclasses.replace(intake, account_id=account.account_id)
             elif intake.account_id != account.account_id:
                 raise ApiError(
                     403,

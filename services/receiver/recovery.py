@@ -81,6 +81,17 @@ SELECT p.platform_message_id FROM delivery_parts p JOIN reply_jobs j ON j.id = p
 WHERE j.chat_key = chatq_chat_key('avito', $1, $2) AND p.platform_message_id IS NOT NULL
 """
 
+# A message the webhook brought without its id (stored under its delivery's id or its
+# content, and handed to a person): the poll finds it again under its real id, by its time
+# and its words, and must not store it twice.
+_STORED_NAMELESS = """
+SELECT id FROM operations
+WHERE platform = 'avito' AND account_id = $1 AND (chat_id = $2 OR chat_id IS NULL)
+  AND (message_id LIKE 'evt:%' OR message_id LIKE 'sha256:%')
+  AND sent_at = to_timestamp($3) AND text IS NOT DISTINCT FROM $4
+LIMIT 1
+"""
+
 _STORED = """
 SELECT message_id FROM operations
 WHERE platform = 'avito' AND account_id = $1 AND chat_id = $2 AND message_id = ANY($3::text[])
@@ -206,7 +217,8 @@ class AvitoRecovery:
                     except Unserved as exc:
                         logger.warning("Avito poll skips account %s: %s", account_id, exc)
                     except BudgetSpent as spent:
-                        logger.info("Avito poll of account %s stops for this round: %s", account_id, spent)
+                        # The sends took the minute's budget: the poll goes on at its next round.
+                        logger.warning("Avito poll of account %s stops for this round: %s", account_id, spent)
                     except Failure as failure:
                         if failure.kind is Kind.ACCOUNT:
                             await self._refused(account_id, failure.reason)
@@ -282,6 +294,9 @@ class AvitoRecovery:
         ids = [c["id"] for c in chats if isinstance(c.get("id"), str) and c["id"]]
         read = {r["chat_id"]: r["updated"] for r in await self._pool.fetch(_CHATS_READ, account_id, ids)}
         recovered = 0
+        #: Where the next listing must reach back to: this round's start, or earlier, to a
+        #: chat this round could not read (it is read again then; the others are skipped).
+        listed = started
         # Oldest first: a round cut short has read what waited longest.
         for chat in sorted(chats, key=lambda c: c["updated"] if _is_time(c.get("updated")) else 0):
             chat_id, updated = chat.get("id"), chat.get("updated")
@@ -289,14 +304,30 @@ class AvitoRecovery:
                 continue
             if _is_time(updated) and chat_id in read and read[chat_id] >= updated:
                 continue  # nothing new since its messages were read
-            recovered += await self._chat(api, account_id, chat_id, horizon, connected)
+            try:
+                recovered += await self._chat(api, account_id, chat_id, horizon, connected)
+            except (BudgetSpent, Unserved):
+                raise  # the account's round stops (progress so far kept)
+            except Failure as failure:
+                if failure.kind is Kind.ACCOUNT:
+                    raise
+                # One chat Avito will not list does not hide the account's other chats.
+                logger.warning(
+                    "Avito poll: chat %s of account %s not read: %s", chat_id, account_id, failure.reason
+                )
+                listed = min(listed, float(updated) if isinstance(updated, int | float) else horizon)
+                continue
+            except Exception:
+                logger.exception("Avito poll: chat %s of account %s not read", chat_id, account_id)
+                listed = min(listed, float(updated) if isinstance(updated, int | float) else horizon)
+                continue
             if isinstance(updated, int | float):
                 # Avito's times are whole seconds, its clock not ours: a chat updated within
                 # a few seconds of this read is read again next round, in case a message came
                 # in the same second after it.
                 seen = min(float(updated), started - CLOCK_SKEW_SECONDS)
                 await self._pool.execute(_CHAT_READ, account_id, chat_id, seen)
-        await self._pool.execute(_LISTED, account_id, started)
+        await self._pool.execute(_LISTED, account_id, listed)
         return recovered
 
     async def _chat(
@@ -319,6 +350,17 @@ class AvitoRecovery:
                 intake = listed_intake(account_id, chat_id, item)
             except ApiError as exc:  # an item the inbox cannot hold: say which
                 logger.warning("Avito poll: message %s of chat %s not stored: %s", item["id"], chat_id, exc)
+                continue
+            twin = await self._pool.fetchval(
+                _STORED_NAMELESS, account_id, chat_id, float(item["created"]), intake.text
+            )
+            if twin is not None:
+                logger.info(
+                    "Avito poll: message %s of chat %s is stored already, without its id (operation %s)",
+                    item["id"],
+                    chat_id,
+                    twin,
+                )
                 continue
             age = connected - float(item["created"])
             if intake.ignored_reason is None and age > self._backfill:

@@ -20,14 +20,30 @@ class BusinessConnections:
     def __init__(self, pool: asyncpg.Pool) -> None:
         self._pool = pool
 
-    async def paused(self, account_id: str, connection_id: str) -> str | None:
-        """Why the connection's replies wait now (None: they may go)."""
-        reason: str | None = await self._pool.fetchval(
-            "SELECT paused_reason FROM telegram_business_connections WHERE account_id = $1 AND connection_id = $2",
+    async def paused(self, account_id: str, connection_id: str) -> tuple[str | None, bool]:
+        """Why the connection's replies wait now (None: they may go), and whether it is gone
+        for good (Telegram no longer knows it: they never will)."""
+        row = await self._pool.fetchrow(
+            "SELECT paused_reason, removed FROM telegram_business_connections"
+            " WHERE account_id = $1 AND connection_id = $2",
             account_id,
             connection_id,
         )
-        return reason
+        return (None, False) if row is None else (row["paused_reason"], row["removed"])
+
+    async def remove(self, account_id: str, connection_id: str, reason: str) -> None:
+        """Telegram no longer knows the connection (the business account deleted the bot):
+        its replies go to a person instead of waiting."""
+        await self._pool.execute(
+            """
+            UPDATE telegram_business_connections
+            SET removed = true, paused_reason = $3, next_probe_at = NULL, updated_at = now()
+            WHERE account_id = $1 AND connection_id = $2
+            """,
+            account_id,
+            connection_id,
+            reason,
+        )
 
     async def pause(self, account_id: str, connection_id: str, reason: str, probe_in: float) -> bool:
         """Telegram refused a send through the connection. True when it was not paused yet
@@ -92,7 +108,7 @@ class BusinessConnections:
                 yield await conn.fetch(
                     """
                     SELECT account_id, connection_id, paused_reason FROM telegram_business_connections
-                    WHERE paused_reason IS NOT NULL AND next_probe_at <= now()
+                    WHERE paused_reason IS NOT NULL AND NOT removed AND next_probe_at <= now()
                     ORDER BY next_probe_at LIMIT 100
                     """
                 )

@@ -106,6 +106,11 @@ class Responder:
         self._connections = connections
         self._echoes = echoes
         self._echo_wait = echo_wait_seconds
+        #: Jobs refused for their account (or connection) as a whole, and how often: a job
+        #: refused again once its account was paused is refused for itself (a 403 about
+        #: one chat on a generic endpoint), not for its account, and fails alone instead
+        #: of pausing the account again and again. Bounded: the oldest are forgotten.
+        self._refused: dict[uuid.UUID, int] = {}
 
     async def handle(self, message: Delivery) -> None:
         try:
@@ -146,7 +151,12 @@ class Responder:
         if job.account_paused is not None:
             await self._wait_for_account(db, job, job.account_paused)
         if job.business_connection_id is not None and self._connections is not None:
-            why = await self._connections.paused(job.account_id, job.business_connection_id)
+            why, removed = await self._connections.paused(job.account_id, job.business_connection_id)
+            if removed:
+                # Telegram no longer knows the connection: nothing will ever send this reply.
+                reason = f"{why}: answer the customer in Telegram"
+                await self._give_up(db, job.job_id, "permanent", reason)
+                raise Reject(reason)
             if why is not None:
                 await self._wait_for_connection(db, job, why)
         try:
@@ -486,9 +496,27 @@ class Responder:
                 f"reconciling with {platform.name}: {failure.reason}", kind="reconcile"
             ) from None
 
+    async def _refused_before(self, db: JobSession, job: Job, reason: str) -> None:
+        """Fail the job alone when it was refused for its account (or connection) before:
+        the probe found the account working, and the refusal came back for this job."""
+        times = self._refused.pop(job.job_id, 0) + 1
+        self._refused[job.job_id] = times
+        while len(self._refused) > 10_000:
+            del self._refused[next(iter(self._refused))]
+        if times < 2:
+            return
+        self._refused.pop(job.job_id, None)
+        why = (
+            f"{reason}; refused again for this reply after the account was found working: "
+            "the refusal is about this chat"
+        )
+        await self._give_up(db, job.job_id, "permanent", why)
+        raise Reject(why)
+
     async def _account_refused(self, db: JobSession, job: Job, failure: Failure) -> None:
         """The platform refused the account as a whole: pause it (one alert, when it was
         active), and let this job wait with the others."""
+        await self._refused_before(db, job, failure.reason)
         if await self._store.pause_account(job.platform, job.account_id, failure.reason, self._probe_seconds):
             logger.warning("%s account %s paused: %s", job.platform, job.account_id, failure.reason)
             ACCOUNTS_PAUSED.labels(platform=job.platform).inc()
@@ -502,6 +530,7 @@ class Responder:
         """Telegram refused the business connection the reply goes through: pause it (one
         alert, when it was not paused), and let this job wait with the connection's others."""
         assert self._connections is not None and job.business_connection_id is not None
+        await self._refused_before(db, job, reason)
         if await self._connections.pause(
             job.account_id, job.business_connection_id, reason, self._probe_seconds
         ):
@@ -580,7 +609,15 @@ class Responder:
                     continue
                 try:
                     enabled, can_reply = await platform.business_connection(account_id, connection_id)
-                except Failure:
+                except Failure as failure:
+                    if failure.kind is Kind.CONNECTION:
+                        # Telegram does not know it any more: its waiting replies go to a person.
+                        await self._connections.remove(
+                            account_id,
+                            connection_id,
+                            f"Telegram Business connection {connection_id} is gone ({failure.reason})",
+                        )
+                        continue
                     enabled = can_reply = False
                 if not (enabled and can_reply):
                     await self._connections.probe_later(account_id, connection_id, self._probe_seconds)

@@ -379,11 +379,14 @@ class PgJobSession:
         rows = await self._run(
             lambda conn: conn.fetch(
                 """
-            SELECT r.platform_message_id AS id FROM reply_jobs r
-            WHERE r.chat_key = $1 AND r.status = 'sent' AND r.platform_message_id IS NOT NULL AND r.id <> $2
-            UNION
-            SELECT p.platform_message_id FROM reply_jobs r JOIN delivery_parts p ON p.job_id = r.id
-            WHERE r.chat_key = $1 AND p.status = 'sent' AND r.id <> $2
+            SELECT id FROM (
+                SELECT r.platform_message_id AS id, r.sent_at AS at FROM reply_jobs r
+                WHERE r.chat_key = $1 AND r.status = 'sent' AND r.platform_message_id IS NOT NULL AND r.id <> $2
+                UNION ALL
+                SELECT p.platform_message_id, p.finished_at FROM reply_jobs r JOIN delivery_parts p ON p.job_id = r.id
+                WHERE r.chat_key = $1 AND p.status = 'sent' AND r.id <> $2
+            ) recorded
+            ORDER BY at DESC NULLS LAST
             LIMIT $3
             """,
                 job.chat_key,

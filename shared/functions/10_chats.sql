@@ -42,9 +42,10 @@ $$;
 
 -- Whether a message the account itself sent (author = the account) is our own reply coming
 -- back: its id is recorded for a reply of the chat, or its text is a reply (or a part of
--- one) the chat was sent in the last ten minutes, compared as chatq_text_norm reads them
--- (its echo can arrive before the send's answer is recorded). Otherwise a person wrote it:
--- the seller.
+-- one) of the chat sent in the last ten minutes, or of one whose outcome is still unknown
+-- however long ago (its echo can arrive before the send's answer is recorded, or long
+-- after it was lost), compared as chatq_text_norm reads them. Otherwise a person wrote
+-- it: the seller.
 CREATE OR REPLACE FUNCTION chatq_is_echo(p_chat_key text, p_message_id text, p_text text)
 RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT EXISTS (
@@ -54,7 +55,9 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
         WHERE r.chat_key = p_chat_key AND p.platform_message_id = p_message_id)
     OR EXISTS (
         SELECT 1 FROM reply_jobs r JOIN deliveries d ON d.job_id = r.id
-        WHERE r.chat_key = p_chat_key AND d.started_at > clock_timestamp() - interval '10 minutes'
+        WHERE r.chat_key = p_chat_key
+          AND (d.started_at > clock_timestamp() - interval '10 minutes'
+               OR d.status IN ('sending', 'unknown') OR d.maybe_sent)
           AND (chatq_text_norm(d.text) = chatq_text_norm(p_text)
                OR EXISTS (SELECT 1 FROM delivery_parts p WHERE p.job_id = r.id
                           AND chatq_text_norm(p.text) = chatq_text_norm(p_text))))

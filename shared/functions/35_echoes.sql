@@ -43,6 +43,9 @@ DECLARE
     replied uuid[] := '{}';
     latest chatq_order;
 BEGIN
+    -- The chat's lock first, as every writer of the chat's operations takes it (a person's
+    -- retry or resolve included), then the job and its operations.
+    PERFORM pg_advisory_xact_lock(hashtextextended(p_chat_key, 0));
     INSERT INTO reply_echoes (chat_key, platform_message_id, text_norm, seen_at)
     VALUES (p_chat_key, p_message_id, chatq_text_norm(p_text), at)
     ON CONFLICT DO NOTHING;

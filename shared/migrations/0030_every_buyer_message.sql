@@ -25,9 +25,12 @@ CREATE TABLE telegram_business_connections (
     paused_reason  text,
     -- When Telegram is asked again (getBusinessConnection) while paused.
     next_probe_at  timestamptz,
+    -- Telegram no longer knows it: its replies go to a person, none waits for it.
+    removed        boolean NOT NULL DEFAULT false,
     updated_at     timestamptz NOT NULL DEFAULT now(),
     PRIMARY KEY (account_id, connection_id),
-    CONSTRAINT telegram_business_paused_has_probe CHECK (paused_reason IS NULL OR next_probe_at IS NOT NULL)
+    CONSTRAINT telegram_business_paused_has_probe CHECK (
+        paused_reason IS NULL OR next_probe_at IS NOT NULL OR removed)
 );
 
 -- The Avito poll's progress, kept so a round that stops early (a 429, a 5xx, a restart)

@@ -70,7 +70,13 @@ async def test_connect_registers_both_webhooks_and_a_second_run_changes_nothing_
     telegram = await chatq(seller, "connect", "telegram")
     assert telegram.returncode == 0, telegram.stderr
     assert f"webhook registered at {TELEGRAM_URL}" in telegram.stdout
-    kinds = ["message", "edited_message", "business_message", "edited_business_message"]
+    kinds = [
+        "message",
+        "edited_message",
+        "business_message",
+        "edited_business_message",
+        "business_connection",
+    ]
     assert f"allowed updates   {', '.join(kinds)}" in telegram.stdout
     bot = world.telegram_bot("4242:test-token")
     assert (bot.webhook_url, bot.secret_token, bot.allowed_updates) == (

@@ -133,6 +133,7 @@ class _Session:
             op.job_id,
             list(job.operation_ids) if job else [],
             job.chat_key if job else None,
+            message_id=m.message_id,
         )
 
     async def lock_chat(self, chat_key: str) -> None:

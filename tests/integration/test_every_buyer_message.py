@@ -8,6 +8,10 @@ answered in its topic."""
 
 from __future__ import annotations
 
+import asyncio
+import copy
+import time
+import uuid
 from collections.abc import AsyncIterator
 from typing import Any
 
@@ -15,16 +19,22 @@ import asyncpg
 import pytest
 
 from shared.settings import Settings
-from tests.conftest import AVITO_SECRET, replace
+from tests.conftest import GENERIC_SECRET, replace
 from tests.fakes.platforms import FakeWorld
+from tests.support.avito import ME, URL, Stack, known_account
 from tests.support.broker import wait_for
-from tests.support.payloads import avito_content, telegram_business_update, telegram_update
+from tests.support.payloads import (
+    avito_content,
+    dumps,
+    generic_message,
+    signed,
+    telegram_business_update,
+    telegram_update,
+)
 from tests.support.pipeline import ADMIN, TG, Pipeline, running_pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
-ME = "777"
-URL = f"/v1/webhooks/avito/{AVITO_SECRET}"
 BOT = {"id": 4242, "is_bot": True, "first_name": "Shop bot"}
 
 
@@ -351,3 +361,130 @@ async def test_an_echo_that_could_be_either_of_two_lost_replies_settles_neither(
     await pipeline.post_telegram(echo)
     for op in ops:
         assert (await pipeline.status(op))["status"] == "needs_review"
+
+
+# ---- found by a review that tried to break the promise -----------------------------------
+
+
+async def test_our_echo_that_names_no_account_is_still_our_own_and_not_answered(
+    pipeline: Pipeline, world: FakeWorld
+) -> None:
+    hook = world.avito_buyer_writes(ME, "u2i-r1", "Is it still available?")
+    r = await pipeline.client.post(URL, json=hook)
+    assert (await pipeline.settled(r.json()["operation_id"]))["status"] == "replied"
+    echo = copy.deepcopy(world.avito_echoes[-1])
+    del echo["payload"]["value"]["user_id"]  # the document marks no field required
+    r = await pipeline.client.post(URL, json=echo)
+    assert r.json()["status"] == "ignored"
+    doc = await pipeline.status(r.json()["operation_id"])
+    assert doc["status_text"] == "not for the bot: our own message (echo)"
+    assert len(world.replies_to("u2i-r1")) == 1
+
+
+async def test_a_message_avito_sent_without_its_id_is_stored_once_and_never_answered_twice(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    await known_account(stack, world)
+    hook = world.avito_buyer_writes(ME, "u2i-r2", "Do you deliver to Kazan?")
+    real_id = hook["payload"]["value"]["id"]
+    del hook["payload"]["value"]["id"]
+    r = await stack.p.client.post(URL, json=hook)
+    nameless = r.json()["operation_id"]
+    assert (await stack.p.settled(nameless))["status"] == "needs_review"
+    await stack.poll()  # finds the same message under its real id: stored already
+    assert await pool.fetchval("SELECT count(*) FROM operations WHERE message_id = $1", real_id) == 0
+    retry = await stack.p.client.post(f"/v1/operations/{nameless}/retry", json={"by": "anna"}, headers=ADMIN)
+    assert retry.status_code == 409 and retry.json()["error"]["code"] == "not_answerable_by_the_bot"
+    assert world.replies_to("u2i-r2") == []
+
+
+async def test_a_generic_403_about_one_chat_fails_that_reply_alone_instead_of_pausing_for_ever(
+    fast: Settings, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    # The endpoint refuses replies to one chat (403) and accepts the signed probe.
+    world.fail("generic.send", *(["403", "ok"] * 12))
+    async with running_pipeline(replace(fast, account_probe_seconds=0.5), pool) as p:
+        body = dumps(generic_message("g-r3", chat_id="blocked-chat"))
+        r = await p.client.post(
+            "/v1/webhooks/generic", content=body, headers=signed(GENERIC_SECRET, body, webhook_id="w-r3")
+        )
+        doc = await p.settled(r.json()["operation_id"], within=30)
+    assert doc["status"] == "failed"
+    assert "refused again for this reply after the account was found working" in doc["error"]["message"]
+    kinds = [a["body"]["type"] for a in world.alerts]
+    assert kinds.count("account.paused") == 1
+
+
+async def test_a_chat_avito_will_not_list_does_not_hide_the_accounts_newer_chats(
+    stack: Stack, world: FakeWorld, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from tests.fakes import platforms as fakes
+
+    await known_account(stack, world)
+    await stack.poll()
+    now = int(time.time())
+    world.avito_buyer_writes(ME, "u2i-old", "Old question", created=now - 20)
+    lost = world.avito_buyer_writes(ME, "u2i-new", "Do you deliver?", created=now - 10)
+    target, handler = fakes.AVITO_OPERATIONS["getMessagesV3"]
+    read: list[str] = []
+
+    async def one_chat_broken(w: FakeWorld, check: Any, b: str | None) -> Any:
+        read.append(str(check.path_params["chat_id"]))
+        if read[-1] == "u2i-old":
+            return fakes.avito_error(500)  # every time
+        return await handler(w, check, b)
+
+    monkeypatch.setitem(fakes.AVITO_OPERATIONS, "getMessagesV3", (target, one_chat_broken))
+    assert await stack.poll() == 1
+    assert (
+        await pool.fetchval(
+            "SELECT count(*) FROM operations WHERE message_id = $1", lost["payload"]["value"]["id"]
+        )
+        == 1
+    )
+    assert read.index("u2i-old") < read.index("u2i-new")  # oldest first; the failure stopped nothing
+    # The chat it could not read is read again next round; the one it read is not.
+    read.clear()
+    await stack.poll()
+    assert "u2i-old" in read and "u2i-new" not in read
+
+
+async def test_an_avito_echo_long_after_its_reply_went_to_a_person_settles_it_and_is_no_takeover(
+    fast: Settings, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    async with running_pipeline(fast, pool) as p:
+        world.fail("avito.send", "lost")
+        world.fail("avito.list", *(["500"] * 20))  # the reconciliation cannot read the chat
+        hook = world.avito_buyer_writes(ME, "u2i-r5", "Is it still available?")
+        op = (await p.client.post(URL, json=hook)).json()["operation_id"]
+        assert (await p.settled(op, within=60))["status"] == "needs_review"
+        world.faults["avito.list"].clear()
+        # Avito's webhook of that reply comes 11 minutes after the send.
+        await pool.execute("UPDATE deliveries SET started_at = started_at - interval '11 minutes'")
+        r = await p.client.post(URL, json=world.avito_echoes[-1])
+        assert (await p.status(r.json()["operation_id"]))[
+            "status_text"
+        ] == "not for the bot: our own message (echo)"
+        assert (await p.status(op))["status"] == "replied"
+        assert await pool.fetchval("SELECT held_until FROM chats WHERE chat_key = 'avito:777:u2i-r5'") is None
+
+
+async def test_a_persons_command_and_an_echo_of_the_same_chat_take_their_locks_in_one_order(
+    pipeline: Pipeline, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    from services.receiver.admin.stores import PgOperationStore
+
+    world.fail("telegram.send", "lost")
+    asked = await pipeline.post_telegram(telegram_business_update(80, connection="biz-r7", customer=3600))
+    assert (await pipeline.settled(asked["operation_id"], within=30))["status"] == "needs_review"
+    chat_key = await pool.fetchval("SELECT chat_key FROM reply_jobs WHERE status = 'needs_review'")
+    async with PgOperationStore(pool).transaction() as tx:
+        # A person's command holds the operation (and, first, its chat)...
+        assert await tx.lock(uuid.UUID(asked["operation_id"])) is not None
+        echo = asyncio.create_task(
+            pool.fetchval("SELECT chatq_record_echo($1, $2, $3)", chat_key, "9999", world.telegram[0]["text"])
+        )
+        await asyncio.sleep(0.3)
+        assert not echo.done()  # ...and the echo waits for the chat, holding nothing it needs
+    assert await asyncio.wait_for(echo, 10) is not None  # then settles the reply
+    assert (await pipeline.status(asked["operation_id"]))["status"] == "replied"

@@ -45,6 +45,8 @@ def pipeline_settings(settings: Settings, world: FakeWorld, **overrides: object)
         "max_attempts": 4,
         "responder_concurrency": 4,
         "echo_wait_seconds": 1.0,
+        # Avito's per-minute budget is held by its own tests (test_avito_as_it_is.py).
+        "avito_requests_per_minute": 100_000,
     }
     values.update(overrides)
     return replace(settings, **values)

@@ -281,3 +281,28 @@ def test_a_message_in_a_topic_is_its_own_chat_answered_in_that_topic() -> None:
     # A reply thread in a group without topics is the group's chat.
     reply = telegram_update(4, chat_id=-100500, chat_type="supergroup", message_thread_id=17)
     assert telegram.normalise(reply, "{}", "4242", frozenset({"supergroup"})).chat_id == "-100500"
+
+
+def test_content_of_a_kind_this_release_does_not_know_goes_to_a_person_not_ignored() -> None:
+    # A newer Bot API's message content (rich_message in 10.1): the bot cannot read it.
+    update = telegram_update(
+        1, text=None, rich_message={"blocks": [{"type": "paragraph", "text": "Still for sale?"}]}
+    )
+    intake = telegram.normalise(update, "{}", "bot")
+    assert intake.ignored_reason is None
+    assert intake.text == "[the buyer sent a rich message]"
+    assert intake.for_a_person("person").status == "needs_review"
+
+
+def test_an_avito_message_that_names_no_account_is_the_webhook_paths_account() -> None:
+    hook = avito_webhook("m-9", author_id=777, text="Yes, it is available.")
+    del hook["payload"]["value"]["user_id"]
+    ours = avito.normalise(hook, "{}", account_hint="777")
+    assert ours.account_id == "777" and ours.written_by_seller  # decided at storage: echo or seller
+    assert ours.received_detail == "defaults: user_id missing: taken as account 777, the webhook path's"
+    nobody = avito.normalise(avito_webhook("m-10") | {}, "{}")
+    assert nobody.account_id == "777"
+    unnamed = avito_webhook("m-11")
+    del unnamed["payload"]["value"]["user_id"]
+    lost = avito.normalise(unnamed, "{}")  # no path account, no environment account
+    assert lost.for_a_person("answer").status == "needs_review"

@@ -40,12 +40,12 @@ async def retry(store: OperationStore, op_id: uuid.UUID, *, resend: bool, by: st
     again."""
     async with store.transaction() as tx:
         row = await _lock_actionable(tx, op_id, "not_retryable", "retried")
-        if row.chat_id is None:
+        if row.chat_id is None or row.nameless:
             raise ApiError(
                 409,
-                "no_chat",
-                "this message names no chat (the platform left it out): the bot cannot answer it; "
-                "answer it in the platform's app, then resolve it",
+                "not_answerable_by_the_bot",
+                "the platform sent this message without its chat or its id: the bot cannot answer it safely "
+                "(a copy of it may be answered already); answer it in the platform's app, then resolve it",
             )
         # A reply of a needs_review job may be in the chat; one handed to a person as it
         # was stored (a voice note the bot cannot listen to) has none.

@@ -25,6 +25,9 @@ from shared.state import job as job_state
 from shared.state import operation as operation_state
 from shared.state.operation import OperationStatus
 
+#: The keys a message is stored under when the platform gave it no id (webhooks/avito.py).
+NAMELESS_PREFIXES = ("evt:", "sha256:")
+
 
 @dataclass(frozen=True)
 class Locked:
@@ -42,6 +45,14 @@ class Locked:
     #: The status as a person reads it (chatq_shown_status: 'queued' and 'replying' are
     #: read, not written), for what a refusal says; None: ``status``.
     shown: str | None = None
+    #: The platform's message id, or the key it was stored under without one.
+    message_id: str | None = None
+
+    @property
+    def nameless(self) -> bool:
+        """Stored without the platform's id for the message (keyed by its delivery or its
+        content): the poll may have stored it again under its real id."""
+        return (self.message_id or "").startswith(NAMELESS_PREFIXES)
 
     @property
     def chat_key(self) -> str:
@@ -121,10 +132,20 @@ class PgOperationSession:
         self._conn = conn
 
     async def lock(self, operation_id: uuid.UUID) -> Locked | None:
+        # The chat's lock first, then the row: the order every writer of a chat's operations
+        # takes them in (filing, the seller's message, an echo's settlement), so a person's
+        # command never deadlocks with them.
+        await self._conn.execute(
+            """
+            SELECT pg_advisory_xact_lock(hashtextextended(chatq_chat_key(platform, account_id, chat_id), 0))
+            FROM operations WHERE id = $1 AND chat_id IS NOT NULL
+            """,
+            operation_id,
+        )
         row = await self._conn.fetchrow(
             """
             SELECT o.status, o.platform, o.account_id, o.chat_id, o.job_id, j.operation_ids, j.chat_key,
-                   chatq_shown_status(o.status, o.id, o.platform, o.account_id, o.chat_id) AS shown
+                   chatq_shown_status(o.status, o.id, o.platform, o.account_id, o.chat_id) AS shown, o.message_id
             FROM operations o LEFT JOIN reply_jobs j ON j.id = o.job_id
             WHERE o.id = $1 FOR UPDATE OF o
             """,
@@ -142,6 +163,7 @@ class PgOperationSession:
             list(row["operation_ids"] or ()),
             row["chat_key"],
             row["shown"],
+            row["message_id"],
         )
 
     async def lock_chat(self, chat_key: str) -> None:

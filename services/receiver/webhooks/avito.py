@@ -21,6 +21,7 @@ import dataclasses
 import hashlib
 import hmac
 import json
+import uuid
 from collections.abc import Mapping
 from typing import Any
 
@@ -66,7 +67,11 @@ def authenticate(expected: str | None, presented: str) -> None:
 UNKNOWN_ACCOUNT = "unknown"
 
 
-def normalise(data: object, raw: str) -> Intake:
+def normalise(data: object, raw: str, account_hint: str | None = None) -> Intake:
+    """The webhook as the inbox stores it. ``account_hint``: the account a message that
+    names none is taken for (the webhook path's, or the environment's one Avito account),
+    decided before anything else, so our own echo or the seller's message without a
+    user_id is still known for the account's."""
     try:
         hook = AvitoWebhook.model_validate(data)
     except ValidationError as exc:
@@ -78,14 +83,15 @@ def normalise(data: object, raw: str) -> Intake:
         ) from None
     if (hook.payload.type or "message") != "message" or not isinstance(hook.payload.value, dict):
         # Not a message: nothing identifies it but the delivery id.
-        return _ignored_event(hook, raw)
+        return _ignored_event(hook, raw, account_hint)
     value = hook.payload.value
     notes: list[str] = []
     if hook.payload.type is None:
         notes.append("payload.type missing: read as a message (it has a message's value)")
     user_id = _id(value.get("user_id"))
-    if user_id is None:
-        notes.append("user_id missing: the account is the webhook path's")
+    if user_id is None and account_hint is not None:
+        user_id = account_hint
+        notes.append(f"user_id missing: taken as account {account_hint}, the webhook path's")
     chat_id = _id(value.get("chat_id"))
     message_id = _id(value.get("id"))
     nameless = message_id is None
@@ -94,9 +100,14 @@ def normalise(data: object, raw: str) -> Intake:
             message_id = f"evt:{hook.id}"
             notes.append("value.id missing: keyed by the delivery's id")
         else:
-            digest = hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
-            message_id = f"sha256:{digest[:32]}"
-            notes.append("value.id and the delivery's id missing: keyed by the message's content")
+            # The message and when Avito says it sent the delivery: a copy of this delivery
+            # is one message, two alike sent apart are two. (No time at all: each delivery
+            # is its own; a person, who gets every nameless message, sees a copy twice
+            # rather than a message never.)
+            stamp = hook.timestamp if hook.timestamp is not None else uuid.uuid4().hex
+            keyed = json.dumps([value, stamp], sort_keys=True, default=str)
+            message_id = f"sha256:{hashlib.sha256(keyed.encode()).hexdigest()[:32]}"
+            notes.append("value.id and the delivery's id missing: keyed by the message's content and time")
     author = value.get("author_id")
     author_id = author if isinstance(author, int) and not isinstance(author, bool) else None
     if author_id is None:
@@ -126,6 +137,13 @@ def normalise(data: object, raw: str) -> Intake:
         raw=raw,
         notes=tuple(notes),
     )
+    if user_id is None and intake.ignored_reason is None:
+        # No account to answer as: the environment has no single Avito account to take it for.
+        return dataclasses.replace(
+            intake,
+            unreadable="Avito's message names no account (user_id missing): the bot cannot answer it",
+            person_only=True,
+        )
     if nameless and intake.ignored_reason is None and intake.chat_id is not None:
         # The poll, or a copy of it, would find it under its real id: never answered twice,
         # it goes to a person.
@@ -217,13 +235,13 @@ def message_intake(
     )
 
 
-def _ignored_event(hook: AvitoWebhook, raw: str) -> Intake:
-    value = hook.payload.value or {}
-    user_id = value.get("user_id")
+def _ignored_event(hook: AvitoWebhook, raw: str, account_hint: str | None) -> Intake:
+    value = hook.payload.value if isinstance(hook.payload.value, dict) else {}
+    user_id = _id(value.get("user_id")) or account_hint
     kind = hook.payload.type or "unknown"
     return Intake(
         platform="avito",
-        account_id=str(user_id) if isinstance(user_id, int) else "unknown",
+        account_id=user_id or UNKNOWN_ACCOUNT,
         event_id=hook.id or None,
         chat_id=None,
         message_id=None,

@@ -110,13 +110,59 @@ TELEGRAM_KINDS = (
 )
 
 
+#: A Telegram Message's fields that are about it, not what it carries.
+TELEGRAM_NOT_CONTENT = frozenset(
+    {
+        "forward_origin", "reply_to_message", "external_reply", "quote", "entities", "via_bot",
+        "author_signature", "media_group_id", "has_protected_content", "link_preview_options",
+        "reply_markup", "effect_id", "sender_boost_count", "sender_tag", "direct_messages_topic",
+        "is_automatic_forward", "reply_to_story", "paid_star_count", "is_paid_post",
+        "suggested_post_info", "show_caption_above_media", "has_media_spoiler", "caption_entities",
+        "reply_to_checklist_task_id", "reply_to_poll_option_id", "guest_query_id",
+        "guest_bot_caller_user", "guest_bot_caller_chat",
+    }
+)  # fmt: skip
+#: What Telegram reports in a chat, as a message nobody wrote (Bot API "service messages").
+TELEGRAM_SERVICE = frozenset(
+    {
+        "new_chat_members", "left_chat_member", "chat_owner_left", "chat_owner_changed", "new_chat_title",
+        "new_chat_photo", "delete_chat_photo", "group_chat_created", "supergroup_chat_created",
+        "channel_chat_created", "message_auto_delete_timer_changed", "migrate_to_chat_id",
+        "migrate_from_chat_id", "pinned_message", "successful_payment", "refunded_payment", "users_shared",
+        "chat_shared", "gift", "unique_gift", "gift_upgrade_sent", "connected_website",
+        "write_access_allowed", "passport_data", "proximity_alert_triggered", "boost_added",
+        "chat_background_set", "checklist_tasks_done", "checklist_tasks_added",
+        "direct_message_price_changed", "forum_topic_created", "forum_topic_edited", "forum_topic_closed",
+        "forum_topic_reopened", "general_forum_topic_hidden", "general_forum_topic_unhidden",
+        "giveaway_created", "giveaway_winners", "giveaway_completed", "managed_bot_created",
+        "paid_message_price_changed", "poll_option_added", "poll_option_deleted", "suggested_post_approved",
+        "suggested_post_approval_failed", "suggested_post_declined", "suggested_post_paid",
+        "suggested_post_refunded", "video_chat_scheduled", "video_chat_started", "video_chat_ended",
+        "video_chat_participants_invited", "web_app_data",
+    }
+)  # fmt: skip
+
+
+def telegram_service(fields: Mapping[str, Any]) -> str | None:
+    """The kind of service message this is (a member joined, a message pinned), or None."""
+    return next((k for k in fields if k in TELEGRAM_SERVICE), None)
+
+
 def telegram_media(fields: Mapping[str, Any]) -> Media | None:
     """The content of a Telegram Message beyond its text (``fields``: the message's own
-    fields), or None when it carries none a buyer sends (a service message: a member
-    joined, a message pinned)."""
+    fields beyond those the receiver reads), or None when it carries none: a service
+    message. Content of a kind this release does not know (a newer Bot API's) is one the
+    bot cannot read: a person's, or answered, as UNREADABLE_MESSAGES says, never ignored."""
     kind = next((k for k in TELEGRAM_KINDS if fields.get(k) is not None), None)
     if kind is None:
-        return None
+        if telegram_service(fields) is not None:
+            return None
+        unknown = next(
+            (k for k in fields if k not in TELEGRAM_NOT_CONTENT and fields.get(k) is not None), None
+        )
+        if unknown is None:
+            return None
+        return Media(unknown, f"[the buyer sent a {unknown.replace('_', ' ')}]", "open")
     value = fields[kind]
     v: Mapping[str, Any] = value if isinstance(value, Mapping) else {}
     length = duration(v.get("duration"))

@@ -24,7 +24,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ApiError
 from ..intake import BusinessConnectionState, Intake, epoch_to_datetime
-from .media import telegram_media
+from .media import telegram_media, telegram_service
 
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
 
@@ -78,40 +78,6 @@ OURS = "sent by the bot on the business's behalf (our own reply)"
 OFFLINE = (
     "the business's automatic message (away, greeting or scheduled: is_from_offline): "
     "not the seller taking over"
-)
-#: Fields of a Message that are not its content (a service message is named by its first
-#: field beyond these).
-_NOT_SERVICE = frozenset(
-    {
-        "forward_origin",
-        "reply_to_message",
-        "external_reply",
-        "quote",
-        "entities",
-        "via_bot",
-        "author_signature",
-        "media_group_id",
-        "has_protected_content",
-        "link_preview_options",
-        "reply_markup",
-        "effect_id",
-        "sender_boost_count",
-        "sender_tag",
-        "direct_messages_topic",
-        "is_automatic_forward",
-        "reply_to_story",
-        "paid_star_count",
-        "is_paid_post",
-        "suggested_post_info",
-        "show_caption_above_media",
-        "has_media_spoiler",
-        "caption_entities",
-        "reply_to_checklist_task_id",
-        "reply_to_poll_option_id",
-        "guest_query_id",
-        "guest_bot_caller_user",
-        "guest_bot_caller_chat",
-    }
 )
 
 
@@ -263,6 +229,11 @@ def _connection_intake(
 ) -> Intake:
     """A business_connection update: stored as ignored (for the record), and the
     connection's state for the receiver to keep."""
+    if not connection.id:
+        return Intake(
+            "telegram", account_id, str(update_id), None, None, None, None, None, raw,
+            "business_connection update without a connection id: nothing to follow",
+        )  # fmt: skip
     can_reply = bool(connection.rights and connection.rights.can_reply)
     state = BusinessConnectionState(connection.id, str(connection.user.id), connection.is_enabled, can_reply)
     return Intake(
@@ -309,7 +280,7 @@ def _ignored(
     if author is not None and author.is_bot:
         return "message from a bot"
     if text is None:
-        service = next((k for k in _extra(message) if k not in _NOT_SERVICE), "no content")
+        service = telegram_service(_extra(message)) or "no content"
         return f"a service message ({service}): not a buyer's message"
     if not text.strip():
         return "empty message"

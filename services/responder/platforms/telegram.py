@@ -141,10 +141,11 @@ def telegram_chat(chat_id: str) -> tuple[int | str, int | None]:
 
 
 def refuses_connection(description: str) -> bool:
-    """Whether Telegram's description of a refused send names the business connection
-    (BUSINESS_CONNECTION_INVALID, "business connection not found", BUSINESS_PEER_...)."""
+    """Whether Telegram's description of a refused send names the business connection as a
+    whole (BUSINESS_CONNECTION_INVALID, BUSINESS_CONNECTION_NOT_ALLOWED, "business connection
+    not found"), not one customer (BUSINESS_PEER_INVALID is about the chat)."""
     lowered = description.lower()
-    return "business_" in lowered or "business connection" in lowered
+    return "business_connection" in lowered or "business connection" in lowered
 
 
 def _error_code(body: dict[str, object]) -> int:
