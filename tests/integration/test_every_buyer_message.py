@@ -488,3 +488,22 @@ async def test_a_persons_command_and_an_echo_of_the_same_chat_take_their_locks_i
         assert not echo.done()  # ...and the echo waits for the chat, holding nothing it needs
     assert await asyncio.wait_for(echo, 10) is not None  # then settles the reply
     assert (await pipeline.status(asked["operation_id"]))["status"] == "replied"
+
+
+async def test_a_business_connection_telegram_no_longer_knows_hands_its_waiting_replies_to_a_person(
+    pipeline: Pipeline, world: FakeWorld, pool: asyncpg.Pool
+) -> None:
+    off = {"update_id": 90, "business_connection": world.business_connection("biz-gone", enabled=False)}
+    await pipeline.post_telegram(off)
+    asked = await pipeline.post_telegram(telegram_business_update(91, connection="biz-gone", customer=3700))
+    await wait_for(
+        lambda: pool.fetchval(
+            "SELECT count(*) = 1 FROM reply_jobs WHERE status IN ('pending', 'processing')"
+        ),
+        what="the reply to wait for the connection",
+    )
+    del world.telegram_business["biz-gone"]  # the business account deleted the bot
+    await pool.execute("UPDATE telegram_business_connections SET next_probe_at = now()")
+    doc = await pipeline.settled(asked["operation_id"], within=30)
+    assert doc["status"] == "failed" and "is gone" in doc["error"]["message"]
+    assert world.telegram == []
