@@ -1,3 +1,4 @@
+-- chatq:release 1 sha256:c8dadead9030b916
 -- Generated from shared/state (python -m shared.state): the transition tables of
 -- shared/state/operation.py, job.py and account.py. Do not edit by hand.
 
