@@ -111,7 +111,12 @@ def started(module: str, **env: str) -> subprocess.CompletedProcess[str]:
 
     base = {k: v for k, v in os.environ.items() if not k.startswith("CHATQ_")}
     return subprocess.run(
-        [sys.executable, "-m", module], env={**base, **env}, capture_output=True, text=True, timeout=60, cwd=ROOT
+        [sys.executable, "-m", module],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
     )
 
 
@@ -130,7 +135,9 @@ def test_a_service_refused_at_start_up_says_why_in_one_json_line(module: str) ->
     assert len(lines) == 1, lines  # it was a 64-line traceback
     record = json.loads(lines[0])
     assert record["level"] == "ERROR" and record["service"] == module.split(".")[1]
-    assert record["message"].startswith(f"{module.split('.')[1]} stopped: settings refused: CHATQ_ENV=production")
+    assert record["message"].startswith(
+        f"{module.split('.')[1]} stopped: settings refused: CHATQ_ENV=production"
+    )
     assert "CHATQ_ADMIN_TOKEN" in record["message"] and "traceback" not in record
     assert "Qm7vTz2pLw9xKc4RHs8dJ3kq" not in lines[0], "a password never reaches the log"
 
