@@ -16,9 +16,11 @@ the file's release (design invariant I10, forward only)::
 ``sha256`` is a digest of the rest of the file: a file edited without a new release is
 caught by a unit test (``python -m shared.migrate --stamp`` bumps the release of every
 file whose text changed and writes the digest). ``schema_functions`` records each file's
-release; a process applies a file only when its release is at least the database's
-(the same release with other text: a development edit, applied with a warning), so a
-process of an older release never puts older bodies back under newer code. When the
+release; a process applies a file only when its release is newer than the database's,
+or the same release whose text in the database no chatqueue recorded as a release (a
+process from before releases, a hand edit); two builds of one release with different
+texts are refused, since which is newer cannot be told. So a process of an older release
+never puts older bodies back under newer code. When the
 database's release of a file is newer, the process runs against it if that release keeps
 every function the process's own release defined (signature and result type, as Postgres
 recorded them when that release was applied, ``schema_function_releases``), and refuses
@@ -282,6 +284,28 @@ async def _newer(conn: asyncpg.Connection, f: FunctionFile, theirs: int) -> Newe
     return Newer(f.name, f.release, theirs, missing, known=True)
 
 
+async def _recorded(conn: asyncpg.Connection, name: str, release: int, checksum: str) -> bool:
+    """Whether this text of the file's release was applied here through the release
+    mechanism (and so is a release, not a foreign write)."""
+    return bool(
+        await conn.fetchval(
+            "SELECT count(*) > 0 FROM schema_function_releases WHERE name = $1 AND release = $2 AND checksum = $3",
+            name,
+            release,
+            checksum,
+        )
+    )
+
+
+def _same_release_refusal(f: FunctionFile) -> str:
+    return (
+        f"the database's SQL functions {f.name} are release {f.release} with other text than this "
+        f"process's release {f.release}: two builds carry the same release number, and which is newer "
+        "cannot be told. Give the newer build's file its next release (python -m shared.migrate "
+        f"--stamp) and deploy that build ({ROLLBACK_RUNBOOK})"
+    )
+
+
 async def apply_functions(conn: asyncpg.Connection, directory: Path | None = FUNCTIONS_DIR) -> list[str]:
     """Apply every function file whose text is not the database's and whose release is at
     least the database's (caller holds the migration lock). A file the database has in a
@@ -309,9 +333,13 @@ async def apply_functions(conn: asyncpg.Connection, directory: Path | None = FUN
             )
             continue
         if have is not None and have[0] == f.release and f.release > 0:
+            if await _recorded(conn, f.name, f.release, have[1]):
+                # Another build of the same release ran here: which text is newer is
+                # unknowable, so neither replaces the other.
+                raise MigrationError(_same_release_refusal(f))
             logger.warning(
-                "functions %s: release %d with other text than the database's; applying it "
-                "(a released file changes only with a new release: python -m shared.migrate --stamp)",
+                "functions %s: the database's text of release %d was not written by a chatqueue "
+                "that records releases (an older release's process, or a hand edit): applying this one",
                 f.name,
                 f.release,
             )
@@ -473,6 +501,8 @@ async def pending(conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR) ->
             if not newer.compatible:
                 raise MigrationError(newer.refusal())
             continue
+        if release == f.release and f.release > 0 and await _recorded(conn, f.name, release, checksum):
+            raise MigrationError(_same_release_refusal(f))
         missing.append(f.name)
     return missing
 

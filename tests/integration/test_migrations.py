@@ -388,3 +388,26 @@ async def test_the_functions_each_release_defined_are_recorded_as_postgres_has_t
         assert all(r["release"] >= 1 for r in rows)
     finally:
         await conn.close()
+
+
+async def test_two_builds_of_one_release_with_different_text_are_refused_not_swapped(
+    releases, tmp_path: Path
+) -> None:
+    _, new, conn = releases
+    other = tmp_path / "other"
+    release(other, "10_a.sql", 2, ANSWER_2.replace("SELECT 3", "SELECT 4"))
+    await apply_functions(conn, new)
+    with pytest.raises(MigrationError, match="two builds carry the same release number"):
+        await apply_functions(conn, other)
+    assert await conn.fetchval("SELECT a_more()") == 3
+
+
+async def test_a_release_rewritten_outside_the_releases_is_put_back_by_that_release(releases) -> None:
+    """A process from before function releases re-applies its text over ours, keeping the
+    release column: the release's own process puts its text back."""
+    _, new, conn = releases
+    await apply_functions(conn, new)
+    await conn.execute("CREATE OR REPLACE FUNCTION a_more() RETURNS int LANGUAGE sql AS 'SELECT 0'")
+    await conn.execute("UPDATE schema_functions SET checksum = 'written-by-an-older-chatqueue'")
+    assert await apply_functions(conn, new) == ["10_a.sql"]
+    assert await conn.fetchval("SELECT a_more()") == 3
