@@ -32,9 +32,15 @@ SAFE_SYSCTLS = {
 SELINUX_TYPES = {"", "container_t", "container_init_t", "container_kvm_t", "container_engine_t"}
 
 
-def restricted_violations(pod_spec: dict[str, Any]) -> list[str]:
-    """What the restricted profile refuses in a pod spec, one line each (empty: admitted)."""
+def restricted_violations(pod_spec: dict[str, Any], annotations: dict[str, str] | None = None) -> list[str]:
+    """What the restricted profile refuses in a pod spec (and its template's annotations:
+    AppArmor's, before Kubernetes 1.30's field), one line each (empty: admitted)."""
     out: list[str] = []
+    for key, value in (annotations or {}).items():
+        if key.startswith("container.apparmor.security.beta.kubernetes.io/") and not (
+            value == "runtime/default" or value.startswith("localhost/")
+        ):
+            out.append(f"annotation {key}: {value}")
     pod_sc = pod_spec.get("securityContext") or {}
     containers = [
         (kind, c)

@@ -87,7 +87,7 @@ def world() -> tuple[Cluster, list[Endpoint]]:
     return Cluster(policies, namespaces), pods
 
 
-INTERNET_PORTS = {(p, "TCP") for p in (22, 80, 443, 5432, 5672, 6443, 8080)}
+INTERNET_PORTS = {(p, "TCP") for p in (22, 53, 80, 443, 5432, 5672, 6443, 8080)} | {(53, "UDP")}
 
 
 def allowed_flows() -> set[tuple[str, str, int, str]]:
@@ -263,7 +263,7 @@ def test_every_pod_the_deployment_makes_is_admitted_under_pod_security_restricte
     refused = {}
     print()
     for name, template in pod_templates():
-        problems = restricted_violations(template["spec"])
+        problems = restricted_violations(template["spec"], template["metadata"].get("annotations"))
         containers = [
             c["name"] for k in ("initContainers", "containers") for c in template["spec"].get(k, [])
         ]
@@ -313,10 +313,23 @@ def test_the_restricted_check_refuses_what_the_standard_refuses() -> None:
             "capabilities",
         ),
         (lambda s: s["containers"][0]["ports"].append({"containerPort": 1, "hostPort": 80}), "hostPort"),
+        (lambda s: s["containers"][0]["securityContext"].update(runAsNonRoot=False), "runAsNonRoot"),
+        (
+            lambda s: s["containers"][0]["securityContext"].update(seccompProfile={"type": "Unconfined"}),
+            "Unconfined",
+        ),
+        (
+            lambda s: s.setdefault("volumes", []).append({"name": "n", "nfs": {"server": "x", "path": "/"}}),
+            "nfs",
+        ),
     ]:
         broken = copy.deepcopy(spec)
         mutate(broken)
         assert any(expected in p for p in restricted_violations(broken)), expected
+    unconfined = {"container.apparmor.security.beta.kubernetes.io/receiver": "unconfined"}
+    assert restricted_violations(spec, unconfined) == [
+        "annotation container.apparmor.security.beta.kubernetes.io/receiver: unconfined"
+    ]
 
 
 # ---- KEDA ---------------------------------------------------------------------------------
