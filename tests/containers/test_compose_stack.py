@@ -356,7 +356,7 @@ async def test_prometheus_scrapes_every_target_of_the_stack(stack: Stack) -> Non
 
 
 async def test_stopping_the_responder_sends_an_alert_through_alertmanager_to_telegram(stack: Stack) -> None:
-    await until("the Watchdog heartbeat", lambda: heartbeats(stack.fakes), within=60)
+    await until("the Watchdog heartbeat", lambda: heartbeats(stack.fakes), within=120)
     log(f"Watchdog heartbeat received by ALERTMANAGER_HEARTBEAT_URL ({len(heartbeats(stack.fakes))} so far)")
     stopped = time.monotonic()
     stack.compose("stop", "-t", "30", "responder")
