@@ -1,7 +1,8 @@
-# syntax=docker/dockerfile:1
 # One image for every service: `python -m services.receiver` (the default command),
 # `services.coalescer`, `services.responder`, and `shared.migrate` for the one-shot
 # migration. Build: docker build -t chatqueue:0.1.0 .
+# No `# syntax=` line: the classic builder and BuildKit both build this file as it is,
+# with no frontend image to pull (a registry-less build, tests/containers/run.sh).
 #
 # The base is pinned by version; pin it by digest too in your registry mirror
 # (python:3.11.10-slim-bookworm@sha256:...) once you have pulled it.
@@ -11,11 +12,13 @@ FROM ${PYTHON_IMAGE} AS build
 ENV PIP_NO_CACHE_DIR=1 PIP_DISABLE_PIP_VERSION_CHECK=1
 WORKDIR /src
 RUN python -m venv /opt/chatq
-# Dependencies first, pinned by constraints.txt, so code changes reuse this layer.
-COPY pyproject.toml constraints.txt README.md ./
-RUN mkdir -p shared services && touch shared/__init__.py services/__init__.py \
+# Dependencies first, pinned by constraints.txt, so code and README changes reuse this
+# layer (the package's metadata needs a README file, not its text).
+COPY pyproject.toml constraints.txt ./
+RUN mkdir -p shared services && touch README.md shared/__init__.py services/__init__.py \
  && /opt/chatq/bin/pip install -c constraints.txt . \
  && /opt/chatq/bin/pip uninstall -y chatqueue
+COPY README.md ./
 COPY shared ./shared
 COPY services ./services
 RUN /opt/chatq/bin/pip install --no-deps -c constraints.txt . \

@@ -14,7 +14,7 @@ export CHATQ_TEST_DATABASE_URL CHATQ_TEST_AMQP_URL CHATQ_TEST_RABBITMQ_API_URL
 
 PYTEST_ARGS ?=
 
-.PHONY: install test unit integration e2e lint types run demo chaos soak migrate definitions services-check bench tools-bench tools-test cluster cluster-stop clean
+.PHONY: install test containers unit integration e2e lint types run demo chaos soak migrate definitions services-check bench tools-bench tools-test cluster cluster-stop clean
 
 install: $(STAMP)
 
@@ -38,11 +38,19 @@ tools-test:
 	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	@command -v kubectl >/dev/null || command -v kustomize >/dev/null || { echo "need kubectl or kustomize on PATH to render deploy/k8s"; exit 1; }
 
-# Every test: unit, integration and e2e, after the type check. Exit 5 (no tests
-# collected) is a failure.
+# Every test: unit, integration and e2e, after the type check, then the containers. Exit
+# 5 (no tests collected) is a failure.
 test: install types tools-test services-check
 	$(BIN)/python -m pytest $(PYTEST_ARGS); rc=$$?; \
 	  if [ $$rc -eq 5 ]; then echo "pytest collected no tests: failing"; exit 1; fi; exit $$rc
+	$(MAKE) containers
+
+# The image and deploy/compose.yaml built and exercised for real (tests/containers): a
+# Docker engine of its own in a private network namespace (installed when missing), the
+# images built from Debian packages and our Dockerfile, base images cached in
+# /var/cache/chatqueue-containers. By hand: flock /tmp/chatq-heavy.lock make containers
+containers: install
+	bash tests/containers/run.sh
 
 unit: install tools-test
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)

@@ -330,11 +330,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("command", choices=["start", "stop", "urls"])
     parser.add_argument("--base-port", type=int, default=5681)
     parser.add_argument("--directory", help=f"default: {default_directory(5681)} (with the base port)")
+    parser.add_argument("--size", type=int, default=3, help="nodes (default 3; 1: a single private node)")
     args = parser.parse_args(argv)
-    cluster = LocalCluster(args.base_port, args.directory)
+    cluster = LocalCluster(args.base_port, args.directory, size=args.size)
     if args.command == "stop":
         cluster.stop()
-        print(f"stopped the nodes on {args.base_port}-{args.base_port + 2} and removed {cluster.directory}")
+        last = args.base_port + args.size - 1
+        print(f"stopped the nodes on {args.base_port}-{last} and removed {cluster.directory}")
         return 0
     if args.command == "start":
         cluster.start()
@@ -342,7 +344,8 @@ def main(argv: list[str] | None = None) -> int:
     print(f"CHATQ_AMQP_URL={cluster.amqp_url}")
     for node in cluster.nodes:
         print(f"  {node.name}: {node.url}  management http://127.0.0.1:{node.management_port}/")
-    print(f"stop with: make cluster-stop (python -m chaos.cluster stop --base-port {args.base_port})")
+    size = "" if args.size == 3 else f" --size {args.size}"
+    print(f"stop with: make cluster-stop (python -m chaos.cluster stop --base-port {args.base_port}{size})")
     return 0
 
 

@@ -424,7 +424,9 @@ def make_events(messages: int, chats: int, duration: float, rng: random.Random) 
     return out
 
 
-async def deliver(client: httpx.AsyncClient, event: Event, deadline: float) -> None:
+async def deliver(
+    client: httpx.AsyncClient, event: Event, deadline: float, *, telegram_secret: str = TG_SECRET
+) -> None:
     """Post until a 2xx, as the platforms retry; give up at the deadline."""
     while time.monotonic() < deadline:
         event.deliveries += 1
@@ -433,7 +435,7 @@ async def deliver(client: httpx.AsyncClient, event: Event, deadline: float) -> N
                 r = await client.post(
                     "/v1/webhooks/telegram",
                     json=telegram_update(int(event.message_id), chat_id=int(event.chat), text=event.text),
-                    headers={"X-Telegram-Bot-Api-Secret-Token": TG_SECRET},
+                    headers={"X-Telegram-Bot-Api-Secret-Token": telegram_secret},
                 )
             elif event.platform == "avito":
                 r = await client.post(

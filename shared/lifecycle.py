@@ -6,8 +6,8 @@ import asyncio
 import gc
 import logging
 import signal
-from collections.abc import Awaitable, Callable, Coroutine
-from typing import Any
+from collections.abc import Awaitable, Callable, Coroutine, Mapping
+from typing import Any, NoReturn
 
 try:
     import uvloop
@@ -15,6 +15,27 @@ except ImportError:  # a platform uvloop does not build for (pyproject: not Wind
     uvloop = None  # type: ignore[assignment]
 
 logger = logging.getLogger(__name__)
+
+
+def service_main(
+    name: str, run: Callable[[Any, asyncio.Event], Awaitable[int]], environ: Mapping[str, str]
+) -> NoReturn:
+    """A service's ``python -m`` entry: parse the settings, log as they say, arm the fault
+    point, run ``run(settings, stop)`` until a signal drains it; exit with its status. A
+    failure anywhere on the way is one log record and exit status 1 (startup_failures)."""
+    from shared.faults import arm
+    from shared.logging import configure_logging, startup_failures
+    from shared.settings import Settings
+
+    async def main(settings: Settings) -> int:
+        return await run(settings, stop_on_signals())
+
+    with startup_failures(name, environ):
+        settings = Settings()
+        configure_logging(settings.log_level, service=name, fmt=settings.log_format)
+        arm(settings.fault_point)
+        code = run_service(main(settings))
+    raise SystemExit(code)
 
 
 def run_service(main: Coroutine[Any, Any, int]) -> int:

@@ -8,9 +8,11 @@ traceback never splits into several records."""
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import sys
+from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Literal
 
@@ -61,3 +63,48 @@ def configure_logging(
     # Library chatter that would drown the outcome lines.
     for noisy in ("aiormq", "aio_pika", "uvicorn.access", "httpx"):
         logging.getLogger(noisy).setLevel(max(logging.WARNING, root.level))
+    global _configured
+    _configured = True
+
+
+_configured = False
+
+
+@contextlib.contextmanager
+def startup_failures(service: str, environ: Mapping[str, str]) -> Iterator[None]:
+    """Whatever stops a process ends it with exit status 1 and one log record, in the
+    format the deployment asked for: one JSON line with ``CHATQ_LOG_FORMAT=json``, where a
+    raw traceback would be dozens of lines a log pipeline splits into as many records.
+    Until the settings are parsed (they may be what failed) the format comes from
+    ``environ``, which ``__main__`` passes. A refusal that explains itself (settings, a
+    migration) is logged without its traceback; anything else carries it, in the record.
+    """
+    try:
+        yield
+    except Exception as exc:
+        if not _configured:
+            fmt: Literal["text", "json"] = (
+                "json" if environ.get("CHATQ_LOG_FORMAT", "").strip().lower() == "json" else "text"
+            )
+            configure_logging("INFO", service=service, fmt=fmt)
+        message, explained = _refusal(exc)
+        log = logging.getLogger(f"{service}.startup")
+        if explained:
+            log.error("%s stopped: %s", service, message)
+        else:
+            log.error("%s stopped: %s", service, message, exc_info=exc)
+        raise SystemExit(1) from None
+
+
+def _refusal(exc: Exception) -> tuple[str, bool]:
+    """A failure's one-line text, and whether that text is the whole story."""
+    from pydantic import ValidationError
+
+    from shared.migrate import MigrationError
+
+    if isinstance(exc, ValidationError):
+        reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
+        return f"settings refused: {reasons}", True
+    if isinstance(exc, MigrationError):
+        return f"migration refused: {exc}", True
+    return f"{type(exc).__name__}: {exc}", False

@@ -1,5 +1,5 @@
 """Migration runner: tables in numbered SQL files applied once each; functions in files
-re-applied whenever they change. Both under one advisory lock.
+re-applied when a newer release of them comes. Both under one advisory lock.
 
 Tables live in ``shared/migrations`` as ``NNNN_description.sql``. Each file runs in its
 own transaction together with the row that records it in ``schema_migrations``. An
@@ -8,10 +8,25 @@ a new file.
 
 Functions (and the triggers that call them) live in ``shared/functions`` as
 ``NN_aggregate.sql``, one file per aggregate, each the current definition in one piece
-(``CREATE OR REPLACE``). After the migrations, every file whose checksum differs from the
-one recorded in ``schema_functions`` is applied, in name order, in its own transaction:
-editing a function is editing its file. A file that changes a function's signature or
-result type drops the old one first (``DROP FUNCTION IF EXISTS``), in the same file.
+(``CREATE OR REPLACE``), in name order, each in its own transaction. Their first line is
+the file's release (design invariant I10, forward only)::
+
+    -- chatq:release 3 sha256:0123456789abcdef
+
+``sha256`` is a digest of the rest of the file: a file edited without a new release is
+caught by a unit test (``python -m shared.migrate --stamp`` bumps the release of every
+file whose text changed and writes the digest). ``schema_functions`` records each file's
+release; a process applies a file only when its release is newer than the database's,
+or the same release whose text in the database no chatqueue recorded as a release (a
+process from before releases, a hand edit); two builds of one release with different
+texts are refused, since which is newer cannot be told. So a process of an older release
+never puts older bodies back under newer code. When the
+database's release of a file is newer, the process runs against it if that release keeps
+every function the process's own release defined (signature and result type, as Postgres
+recorded them when that release was applied, ``schema_function_releases``), and refuses
+with what to do otherwise. So a function file never drops or retypes a function (a unit
+test holds that): a changed result type is a new function; a drop is a migration, one
+release after the last caller (``-- chatq:destructive``).
 """
 
 from __future__ import annotations
@@ -19,6 +34,7 @@ from __future__ import annotations
 import argparse
 import asyncio
 import hashlib
+import json
 import logging
 import re
 import sys
@@ -86,6 +102,57 @@ def load_migrations(directory: Path = MIGRATIONS_DIR) -> list[Migration]:
     return migrations
 
 
+_RELEASE = re.compile(r"^-- chatq:release (\d+) sha256:([0-9a-f]{16})\n")
+
+
+@dataclass(frozen=True)
+class ReleaseHeader:
+    """A function file's first line: its release and the digest of the rest."""
+
+    release: int
+    digest: str | None
+    body: str
+
+    @property
+    def current(self) -> bool:
+        """Whether the digest is that of the body (the file was not edited since it was
+        stamped)."""
+        return self.digest == body_digest(self.body)
+
+
+def body_digest(body: str) -> str:
+    return hashlib.sha256(body.encode()).hexdigest()[:16]
+
+
+def read_header(sql: str) -> ReleaseHeader:
+    """The release line of a function file; a file without one is release 0."""
+    match = _RELEASE.match(sql)
+    if match is None:
+        return ReleaseHeader(0, None, sql)
+    return ReleaseHeader(int(match[1]), match[2], sql[match.end() :])
+
+
+def stamped(body: str, previous: str | None) -> str:
+    """``body`` with its release line: the previous text's release when the body is the
+    same, the next one when it changed (or release 1 for a new file)."""
+    before = read_header(previous) if previous is not None else None
+    if before is not None and before.body == body and before.release > 0:
+        release = before.release
+    else:
+        release = (before.release if before is not None else 0) + 1
+    return f"-- chatq:release {release} sha256:{body_digest(body)}\n{body}"
+
+
+def stamp(path: Path) -> bool:
+    """Give ``path`` the next release when its text changed since its release line was
+    written (or a first one); True when the file changed."""
+    header = read_header(path.read_text())
+    if header.digest is not None and header.current:
+        return False
+    path.write_text(f"-- chatq:release {header.release + 1} sha256:{body_digest(header.body)}\n{header.body}")
+    return True
+
+
 @dataclass(frozen=True)
 class FunctionFile:
     name: str
@@ -94,6 +161,10 @@ class FunctionFile:
     @property
     def checksum(self) -> str:
         return hashlib.sha256(self.sql.encode()).hexdigest()
+
+    @property
+    def release(self) -> int:
+        return read_header(self.sql).release
 
 
 def load_functions(directory: Path | None = FUNCTIONS_DIR) -> list[FunctionFile]:
@@ -113,35 +184,204 @@ def load_functions(directory: Path | None = FUNCTIONS_DIR) -> list[FunctionFile]
     return files
 
 
-_FUNCTIONS_TABLE = """
+_FUNCTIONS_TABLES = """
 CREATE TABLE IF NOT EXISTS schema_functions (
     name       text PRIMARY KEY,
     checksum   text NOT NULL,
     applied_at timestamptz NOT NULL DEFAULT now()
-)
+);
+ALTER TABLE schema_functions ADD COLUMN IF NOT EXISTS release integer NOT NULL DEFAULT 0;
+CREATE TABLE IF NOT EXISTS schema_function_releases (
+    name       text NOT NULL,
+    release    integer NOT NULL,
+    checksum   text NOT NULL,
+    -- What the file defined when it was applied: signature -> result type, as Postgres
+    -- has them (regprocedure, pg_get_function_result).
+    functions  jsonb NOT NULL,
+    applied_at timestamptz NOT NULL DEFAULT now(),
+    PRIMARY KEY (name, release, checksum)
+);
 """
+
+# The functions of the current schema created or replaced by this transaction: those of
+# the file just executed in it.
+_DEFINED_NOW = """
+SELECT coalesce(jsonb_object_agg(p.oid::regprocedure::text, pg_get_function_result(p.oid)), '{}')
+FROM pg_proc p
+WHERE p.pronamespace = current_schema()::regnamespace AND p.xmin = pg_current_xact_id()::xid
+"""
+
+ROLLBACK_RUNBOOK = 'docs/deploying.md "Rolling back"'
+
+
+@dataclass(frozen=True)
+class Newer:
+    """A function file whose release in the database is newer than this process's."""
+
+    name: str
+    ours: int
+    theirs: int
+    missing: list[str]  # what our release defined that the database no longer has
+    known: bool  # whether this database ever applied our release of the file
+
+    @property
+    def compatible(self) -> bool:
+        return self.known and not self.missing
+
+    def refusal(self) -> str:
+        what = (
+            f"{len(self.missing)} function(s) this release defines are gone or changed: "
+            + ", ".join(self.missing)
+            if self.known
+            else f"this database never ran release {self.ours} of it, so whether release "
+            f"{self.theirs} keeps what this release calls is unknown"
+        )
+        return (
+            f"the database's SQL functions {self.name} are release {self.theirs}, newer than this "
+            f"process's release {self.ours}, and {what}. This process refuses to start rather than "
+            f"put older functions back or call missing ones: run the newer release's image, or "
+            f"restore the database from a backup taken before the upgrade ({ROLLBACK_RUNBOOK})"
+        )
+
+
+async def _ensure_tables(conn: asyncpg.Connection) -> None:
+    await conn.execute(_FUNCTIONS_TABLES)
+
+
+async def _database_releases(conn: asyncpg.Connection) -> dict[str, tuple[int, str]]:
+    if not await conn.fetchval("SELECT to_regclass('schema_functions') IS NOT NULL"):
+        return {}
+    has_release = await conn.fetchval(
+        "SELECT count(*) > 0 FROM information_schema.columns "
+        "WHERE table_name = 'schema_functions' AND column_name = 'release' AND table_schema = current_schema()"
+    )
+    rows = await conn.fetch(
+        "SELECT name, checksum, release FROM schema_functions"
+        if has_release
+        else "SELECT name, checksum, 0 AS release FROM schema_functions"
+    )
+    return {r["name"]: (r["release"], r["checksum"]) for r in rows}
+
+
+async def _newer(conn: asyncpg.Connection, f: FunctionFile, theirs: int) -> Newer:
+    """What the database's newer release of ``f`` lacks of ours."""
+    known = None
+    if await conn.fetchval("SELECT to_regclass('schema_function_releases') IS NOT NULL"):
+        known = await conn.fetchval(
+            "SELECT functions FROM schema_function_releases WHERE name = $1 AND release = $2 AND checksum = $3",
+            f.name,
+            f.release,
+            f.checksum,
+        )
+    if known is None:
+        return Newer(f.name, f.release, theirs, [], known=False)
+    ours: dict[str, str] = json.loads(known)
+    missing = []
+    for signature, result in sorted(ours.items()):
+        now = await conn.fetchval("SELECT pg_get_function_result(to_regprocedure($1))", signature)
+        if now != result:
+            missing.append(f"{signature} -> {result}" + ("" if now is None else f" (now {now})"))
+    return Newer(f.name, f.release, theirs, missing, known=True)
+
+
+async def _recorded(conn: asyncpg.Connection, name: str, release: int, checksum: str) -> bool:
+    """Whether this text of the file's release was applied here through the release
+    mechanism (and so is a release, not a foreign write)."""
+    return bool(
+        await conn.fetchval(
+            "SELECT count(*) > 0 FROM schema_function_releases WHERE name = $1 AND release = $2 AND checksum = $3",
+            name,
+            release,
+            checksum,
+        )
+    )
+
+
+def _same_release_refusal(f: FunctionFile) -> str:
+    return (
+        f"the database's SQL functions {f.name} are release {f.release} with other text than this "
+        f"process's release {f.release}: two builds carry the same release number, and which is newer "
+        "cannot be told. Give the newer build's file its next release (python -m shared.migrate "
+        f"--stamp) and deploy that build ({ROLLBACK_RUNBOOK})"
+    )
 
 
 async def apply_functions(conn: asyncpg.Connection, directory: Path | None = FUNCTIONS_DIR) -> list[str]:
-    """Apply every function file that changed since it was last applied (caller holds the
-    migration lock). Returns the names applied now."""
+    """Apply every function file whose text is not the database's and whose release is at
+    least the database's (caller holds the migration lock). A file the database has in a
+    newer release is left as it is: if that release keeps what ours defines, this process
+    runs against it; if not, MigrationError says what to do. Returns the names applied."""
     files = load_functions(directory)
-    await conn.execute(_FUNCTIONS_TABLE)
-    applied = {
-        r["name"]: r["checksum"] for r in await conn.fetch("SELECT name, checksum FROM schema_functions")
-    }
+    await _ensure_tables(conn)
+    applied = await _database_releases(conn)
     done: list[str] = []
     for f in files:
-        if applied.get(f.name) == f.checksum:
+        have = applied.get(f.name)
+        if have is not None and have[1] == f.checksum:
             continue
-        record = """
-            INSERT INTO schema_functions (name, checksum) VALUES ($1, $2)
-            ON CONFLICT (name) DO UPDATE SET checksum = EXCLUDED.checksum, applied_at = now()
-            """
-        await _in_transaction(conn, f.sql, (record, f.name, f.checksum))
-        logger.info("applied functions %s", f.name)
+        if have is not None and have[0] > f.release:
+            newer = await _newer(conn, f, have[0])
+            if not newer.compatible:
+                raise MigrationError(newer.refusal())
+            logger.warning(
+                "the database's functions %s are release %d, newer than this process's %d: "
+                "running against them (they keep every function release %d defines); not applied",
+                f.name,
+                have[0],
+                f.release,
+                f.release,
+            )
+            continue
+        if have is not None and have[0] == f.release and f.release > 0:
+            if await _recorded(conn, f.name, f.release, have[1]):
+                # Another build of the same release ran here: which text is newer is
+                # unknowable, so neither replaces the other.
+                raise MigrationError(_same_release_refusal(f))
+            logger.warning(
+                "functions %s: the database's text of release %d was not written by a chatqueue "
+                "that records releases (an older release's process, or a hand edit): applying this one",
+                f.name,
+                f.release,
+            )
+        await _apply_function_file(conn, f)
+        logger.info("applied functions %s (release %d)", f.name, f.release)
         done.append(f.name)
     return done
+
+
+async def _apply_function_file(conn: asyncpg.Connection, f: FunctionFile) -> None:
+    """The file, what it defined and its record, in one transaction. A failure that took
+    the connection with it is raised as it is, not as the rollback's own error."""
+    transaction = conn.transaction()
+    await transaction.start()
+    try:
+        await conn.execute(f.sql)
+        defined = await conn.fetchval(_DEFINED_NOW)
+        await conn.execute(
+            """
+            INSERT INTO schema_functions (name, checksum, release) VALUES ($1, $2, $3)
+            ON CONFLICT (name) DO UPDATE
+            SET checksum = EXCLUDED.checksum, release = EXCLUDED.release, applied_at = now()
+            """,
+            f.name,
+            f.checksum,
+            f.release,
+        )
+        await conn.execute(
+            """
+            INSERT INTO schema_function_releases (name, release, checksum, functions) VALUES ($1, $2, $3, $4)
+            ON CONFLICT (name, release, checksum) DO UPDATE SET functions = EXCLUDED.functions, applied_at = now()
+            """,
+            f.name,
+            f.release,
+            f.checksum,
+            defined,
+        )
+    except BaseException:
+        if not conn.is_closed():
+            await transaction.rollback()
+        raise
+    await transaction.commit()
 
 
 async def migrate(
@@ -249,12 +489,21 @@ async def pending(conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR) ->
     missing: list[int | str] = [m.version for m in migrations if m.version not in applied]
     if directory != MIGRATIONS_DIR:
         return missing
-    have = (
-        {r["name"]: r["checksum"] for r in await conn.fetch("SELECT name, checksum FROM schema_functions")}
-        if await conn.fetchval("SELECT to_regclass('schema_functions') IS NOT NULL")
-        else {}
-    )
-    missing += [f.name for f in load_functions() if have.get(f.name) != f.checksum]
+    have = await _database_releases(conn)
+    for f in load_functions():
+        release, checksum = have.get(f.name, (-1, ""))
+        if checksum == f.checksum:
+            continue
+        if release > f.release:
+            # Newer functions: nothing to wait for. Either this release runs on them, or
+            # it never will: say so now rather than wait for ever.
+            newer = await _newer(conn, f, release)
+            if not newer.compatible:
+                raise MigrationError(newer.refusal())
+            continue
+        if release == f.release and f.release > 0 and await _recorded(conn, f.name, release, checksum):
+            raise MigrationError(_same_release_refusal(f))
+        missing.append(f.name)
     return missing
 
 
@@ -280,7 +529,9 @@ async def wait_until_current(dsn: str, *, within: float, interval: float = 2.0) 
 
 
 def main() -> None:
-    from shared.logging import configure_logging
+    import os
+
+    from shared.logging import configure_logging, startup_failures
     from shared.settings import Settings
 
     parser = argparse.ArgumentParser(description="Apply chatqueue's database migrations.")
@@ -290,19 +541,30 @@ def main() -> None:
         metavar="SECONDS",
         help="apply nothing; wait up to SECONDS until every migration is applied (exit 1 if not)",
     )
+    parser.add_argument(
+        "--stamp",
+        action="store_true",
+        help="give every function file whose text changed its next release line (no database)",
+    )
     args = parser.parse_args()
-    settings = Settings()
-    configure_logging(settings.log_level, service="migrate", fmt=settings.log_format)
-    dsn = settings.database_url.get_secret_value()
-    if args.wait is not None:
-        missing = asyncio.run(wait_until_current(dsn, within=args.wait))
-        if missing:
-            print(f"schema not current after {args.wait:g} s; pending: {missing}", file=sys.stderr)
-            sys.exit(1)
-        print("schema is current")
+    if args.stamp:
+        for f in sorted(FUNCTIONS_DIR.glob("*.sql")):
+            if stamp(f):
+                print(f"{f.name}: release {read_header(f.read_text()).release}")
         return
-    applied = asyncio.run(migrate_dsn(dsn))
-    print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else ""))
+    with startup_failures("migrate", os.environ):
+        settings = Settings()
+        configure_logging(settings.log_level, service="migrate", fmt=settings.log_format)
+        dsn = settings.database_url.get_secret_value()
+        if args.wait is not None:
+            missing = asyncio.run(wait_until_current(dsn, within=args.wait))
+            if missing:
+                print(f"schema not current after {args.wait:g} s; pending: {missing}", file=sys.stderr)
+                sys.exit(1)
+            print("schema is current")
+            return
+        applied = asyncio.run(migrate_dsn(dsn))
+        print(f"applied {len(applied)} migration(s)" + (f": {applied}" if applied else ""))
 
 
 if __name__ == "__main__":

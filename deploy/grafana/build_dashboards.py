@@ -213,7 +213,8 @@ CHATQUEUE = [
         "timeseries",
         [
             ("max(chatq_outbox_lag_seconds)", "oldest unpublished row (s)"),
-            ("sum(chatq_outbox_pending)", "pending rows"),
+            # Every receiver and coalescer counts the same outbox table: max, not sum.
+            ("max(chatq_outbox_pending)", "pending rows"),
         ],
         16,
         15,

@@ -2,23 +2,15 @@
 
 from __future__ import annotations
 
-from shared.faults import arm
-from shared.lifecycle import run_service, stop_on_signals
-from shared.logging import configure_logging
-from shared.settings import Settings
+import os
+
+from shared.lifecycle import service_main
 
 from .app import run
 
 
-async def _main(settings: Settings) -> int:
-    return await run(settings, stop_on_signals())
-
-
 def main() -> None:
-    settings = Settings()
-    configure_logging(settings.log_level, service="receiver", fmt=settings.log_format)
-    arm(settings.fault_point)
-    raise SystemExit(run_service(_main(settings)))
+    service_main("receiver", run, os.environ)
 
 
 if __name__ == "__main__":

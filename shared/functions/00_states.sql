@@ -1,3 +1,4 @@
+-- chatq:release 2 sha256:f5cad72a4267fa10
 -- Generated from shared/state (python -m shared.state): the transition tables of
 -- shared/state/operation.py, job.py and account.py. Do not edit by hand.
 

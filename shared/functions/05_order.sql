@@ -1,3 +1,4 @@
+-- chatq:release 1 sha256:52ece0ee55c56bc1
 -- Platform order, the one definition: the platform's timestamp; then, where ids grow
 -- with time (Telegram's message_id within a chat), the id as a number (shorter first);
 -- then our receipt time; then the id. Avito's `created` is whole seconds and its ids and

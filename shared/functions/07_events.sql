@@ -1,3 +1,4 @@
+-- chatq:release 1 sha256:0576af15f93a2150
 -- Append one event to the record of each of p_ops (operation_events), in the caller's
 -- transaction: the state change and its record commit together or not at all.
 -- PL/pgSQL, not SQL: a SQL function that cannot be inlined (an INSERT) plans its body

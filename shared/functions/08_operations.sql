@@ -1,3 +1,4 @@
+-- chatq:release 1 sha256:c0d7144c9a089171
 -- Operation status changes shared by several functions: one helper per transition, so the
 -- rule (which statuses move, what the record says) is written once.
 

@@ -1,8 +1,8 @@
+-- chatq:release 2 sha256:6c73f0f2be5fa0c5
 -- A chat's last answered message: a marker only ever moved forward in platform order
 -- (chatq_order), and never past the database's clock, so a message stamped in the future
 -- cannot put the marker out of reach. Used for the history the reply writer sees; it
 -- never decides whether a message is answered (reply_coverage does).
-DROP FUNCTION IF EXISTS chatq_advance_last_answered(text, timestamptz, text, timestamptz, uuid);
 CREATE OR REPLACE FUNCTION chatq_advance_last_answered(
     p_chat_key text, p_platform text, p_sent_at timestamptz, p_message_id text, p_received_at timestamptz,
     p_reply_at timestamptz, p_job_id uuid

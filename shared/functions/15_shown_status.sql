@@ -1,3 +1,4 @@
+-- chatq:release 1 sha256:525d459a3fb43fa3
 -- An operation's status as a person reads it. Two states are read, not written, each
 -- update of the message's row saved (not HOT: status is indexed, so each wrote eight
 -- index entries) for a state that is already in another row:

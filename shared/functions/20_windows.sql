@@ -1,3 +1,4 @@
+-- chatq:release 1 sha256:2be24ff61ddb4feb
 -- The coalescer's one-message lock, kept for the previous release's replicas during a rollout
 -- (they file one message a transaction; today's file batches with chatq_lock_chats, under the
 -- same per-chat advisory lock). Take the chat's lock, then, under it and so with a snapshot

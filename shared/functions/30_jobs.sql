@@ -1,3 +1,4 @@
+-- chatq:release 1 sha256:ccfacc3842da8928
 -- The reply job aggregate: claim, before send, record, give up. Each is one statement, so
 -- one round trip and one transaction; a reply costs three (claim, before send, record).
 --
@@ -95,8 +96,6 @@ $$;
 -- outcome and reason always; the job's fields once it is found; delivery (the attempt
 -- that may have sent) for reconcile; the job's messages (reconcile: all of them; claimed:
 -- those it keeps) in platform order, with the chat's last p_history turns before them.
--- (Migration 0006 had a chatq_claim_job of another shape, unused since chatq_claim.)
-DROP FUNCTION IF EXISTS chatq_claim_job(uuid, integer, bigint, integer);
 CREATE OR REPLACE FUNCTION chatq_claim_job(p_job uuid, p_attempt integer, p_lock_key bigint, p_history integer)
 RETURNS chatq_claim_result
 LANGUAGE plpgsql AS $$
@@ -499,7 +498,6 @@ $$;
 
 -- The previous release's claim (one row of parallel arrays), for its responders during a
 -- rollout: chatq_claim_job's result spread out the old way. Drop it one release later.
-DROP FUNCTION IF EXISTS chatq_claim(uuid, integer, bigint, integer);
 CREATE OR REPLACE FUNCTION chatq_claim(p_job uuid, p_attempt integer, p_lock_key bigint, p_history integer)
 RETURNS TABLE (outcome text, reason text, platform text, account_id text, chat_id text, chat_key text,
                account_paused text, business_connection_id text,
@@ -550,8 +548,6 @@ $$;
 -- Returns the job's messages, all of them in platform order, when it folded some in; none
 -- means the intent is recorded; one row with withdrawn = true means the seller answered the
 -- chat in person since the job was built, and the job is withdrawn (nothing recorded).
-DROP FUNCTION IF EXISTS chatq_before_send(uuid, text, text, integer, boolean);
-DROP FUNCTION IF EXISTS chatq_before_send(uuid, text, text, integer, boolean, integer, integer);
 CREATE OR REPLACE FUNCTION chatq_before_send(
     p_job uuid, p_chat_key text, p_text text, p_attempt integer, p_fold boolean, p_max_messages integer,
     p_max_chars integer
@@ -708,7 +704,6 @@ $$;
 -- the receipt-to-reply histogram). Then releases the job's session lock (p_lock_key): the
 -- job is final once this commits, and a copy that takes the lock before the commit waits
 -- on the job's row, then skips it.
-DROP FUNCTION IF EXISTS chatq_record_sent(uuid, text, text, timestamptz, text, bigint);
 CREATE OR REPLACE FUNCTION chatq_record_sent(p_job uuid, p_text text, p_platform_message_id text, p_lock_key bigint)
 RETURNS TABLE (sent_at timestamptz, received_ats timestamptz[])
 LANGUAGE plpgsql AS $$

@@ -1,3 +1,4 @@
+-- chatq:release 1 sha256:9f594801535a76cc
 -- Our own replies as the platform echoes them back (reply_echoes, migration 0030): an
 -- echo proves the reply is in the chat. The receiver records each echo as it stores it;
 -- the responder asks for one before it calls a send's outcome unknown (chatq_echo_of);

@@ -1,3 +1,4 @@
+-- chatq:release 1 sha256:50155fec397950bb
 -- Every process keeps the accounts (credentials decrypted) in memory: a change to the
 -- table tells them at once which account changed (LISTEN chatq_accounts, the payload
 -- the JSON array [platform, account_id]), and each reads that account's row again, not

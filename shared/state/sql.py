@@ -2,7 +2,8 @@
 aggregate, ``chatq_<name>_sources(target)`` (the statuses that may move to ``target``,
 immutable so the planner folds it into a constant) and a trigger that refuses any status
 change the table does not allow, whoever writes it. A unit test keeps the file equal to
-this rendering; ``python -m shared.state`` rewrites it."""
+this rendering (under its release line, shared/migrate.py); ``python -m shared.state``
+rewrites it, with the next release when the rendering changed."""
 
 from __future__ import annotations
 
@@ -74,5 +75,8 @@ def main(argv: Sequence[str] | None = None) -> None:
     parser = argparse.ArgumentParser(description="Render the status transition tables as SQL.")
     parser.add_argument("-o", "--output", type=Path, default=OUTPUT)
     args = parser.parse_args(argv)
-    args.output.write_text(render())
+    from shared.migrate import stamped
+
+    previous = args.output.read_text() if args.output.exists() else None
+    args.output.write_text(stamped(render(), previous))
     print(f"wrote {args.output}")

@@ -472,6 +472,8 @@ async def _telegram_send(world: FakeWorld, token: str, params: dict[str, Any], b
     if b == "lost":
         await asyncio.sleep(LOST_SECONDS)
     chat = params["chat_id"]
+    if isinstance(chat, str) and chat.lstrip("-").isdigit():
+        chat = int(chat)  # a chat's id given as text ("-100..."): the chat is that number's
     message = {
         "message_id": message_id,
         "from": world.telegram_bot(token).user,
@@ -593,7 +595,7 @@ async def _telegram_params(
     request: Request, types: Mapping[str, list[str]]
 ) -> tuple[dict[str, Any], str | None]:
     """A call's parameters, from the query string and the body, as the Bot API reads
-    them (JSON, or form values read by each field's type)."""
+    them (JSON, or form values read by each field's type, as are JSON strings)."""
     params: dict[str, Any] = {
         k: telegram_form_value(v, types.get(k, ["String"])) for k, v in request.query_params.items()
     }
@@ -608,6 +610,13 @@ async def _telegram_params(
             return params, "Bad Request: can't parse JSON object"
         if not isinstance(data, dict):
             return params, "Bad Request: can't parse JSON object"
+        # A JSON string where a number or a boolean is documented is read from its text, as
+        # from a form: clients that send every value as a string (telebot, which
+        # Alertmanager's telegram_configs uses) work against the real Bot API.
+        data = {
+            k: telegram_form_value(v, types.get(k, ["String"])) if isinstance(v, str) else v
+            for k, v in data.items()
+        }
         return {**params, **data}, None
     if ctype == "application/x-www-form-urlencoded":
         form = parse_qs(body.decode("utf-8", "replace"), keep_blank_values=True)
@@ -1035,7 +1044,10 @@ def fake_app(world: FakeWorld) -> FastAPI:
 
 
 @contextlib.asynccontextmanager
-async def running_fakes() -> AsyncIterator[FakeWorld]:
+async def running_fakes(host: str = "127.0.0.1") -> AsyncIterator[FakeWorld]:
+    """The fakes on a free port of ``host`` (``world.url`` says where). The container test
+    listens on every address of its private network namespace, so the containers reach it
+    through their gateway."""
     import uvicorn
 
     world = FakeWorld()
@@ -1043,7 +1055,7 @@ async def running_fakes() -> AsyncIterator[FakeWorld]:
     logging.getLogger("uvicorn.error").setLevel(logging.CRITICAL)
     port = free_port()
     server = OpsServer(
-        uvicorn.Config(fake_app(world), host="127.0.0.1", port=port, log_config=None, access_log=False)
+        uvicorn.Config(fake_app(world), host=host, port=port, log_config=None, access_log=False)
     )
     task = asyncio.create_task(server.serve())
     while not server.started:

@@ -447,6 +447,16 @@ def _described(doc: Mapping[str, Any]) -> dict[tuple[str, str], tuple[dict[str, 
     }
 
 
+# Parameters the document no longer lists that the Bot API still honours and real clients
+# still send: Bot API 7.0 replaced disable_web_page_preview with link_preview_options, and
+# Alertmanager's telegram_configs (0.24 to 0.27, which chatqueue's compose stack runs)
+# sends it with every message.
+_STILL_ACCEPTED: dict[str, list[dict[str, Any]]] = {
+    method: [{"name": "disable_web_page_preview", "types": ["Boolean"], "required": False}]
+    for method in ("sendMessage", "editMessageText")
+}
+
+
 class TelegramSpec:
     """Every method and type of the Bot API (the version in the document) as JSON Schema."""
 
@@ -459,7 +469,7 @@ class TelegramSpec:
         self._params: dict[str, dict[str, Any]] = {}
         self._fields: dict[str, dict[str, list[str]]] = {}
         for name, method in doc["methods"].items():
-            fields = method.get("fields", [])
+            fields = method.get("fields", []) + _STILL_ACCEPTED.get(name, [])
             props = {}
             for f in fields:
                 schema = self._field(f)

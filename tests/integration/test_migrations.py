@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import asyncio
+import json
 from pathlib import Path
 
 import asyncpg
@@ -11,6 +12,7 @@ import pytest
 from shared.migrate import (
     MigrationError,
     apply_functions,
+    body_digest,
     load_functions,
     load_migrations,
     migrate,
@@ -274,3 +276,138 @@ async def test_runners_starting_together_build_a_concurrent_index_once_without_a
     finally:
         for c in conns:
             await c.close()
+
+
+# ---- function releases: forward only (design invariant I10) --------------------------------
+
+
+def release(directory: Path, name: str, number: int, sql: str) -> None:
+    """A function file of release ``number``."""
+    directory.mkdir(exist_ok=True)
+    (directory / name).write_text(f"-- chatq:release {number} sha256:{body_digest(sql)}\n{sql}")
+
+
+@pytest.fixture
+async def releases(scratch_db, tmp_path: Path):
+    """Two releases of one function file, ``old`` (1) and ``new`` (2), and a connection."""
+    old, new = tmp_path / "old", tmp_path / "new"
+    release(old, "10_a.sql", 1, ANSWER_1)
+    release(new, "10_a.sql", 2, ANSWER_2)
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        yield old, new, conn
+    finally:
+        await conn.close()
+
+
+ANSWER_1 = "CREATE OR REPLACE FUNCTION a_answer(p int) RETURNS int LANGUAGE sql AS 'SELECT 1';\n"
+ANSWER_2 = (
+    "CREATE OR REPLACE FUNCTION a_answer(p int) RETURNS int LANGUAGE sql AS 'SELECT 2';\n"
+    "CREATE OR REPLACE FUNCTION a_more() RETURNS int LANGUAGE sql AS 'SELECT 3';\n"
+)
+
+
+async def test_an_older_release_never_puts_older_function_bodies_back_and_runs_on_the_newer(
+    releases, caplog: pytest.LogCaptureFixture
+) -> None:
+    old, new, conn = releases
+    assert await apply_functions(conn, old) == ["10_a.sql"]
+    assert await apply_functions(conn, new) == ["10_a.sql"]  # the upgrade
+    assert await conn.fetchval("SELECT a_answer(0)") == 2
+    # A pod of the previous release starts (a rollback, an eviction mid-rollout): it
+    # applies nothing, and says why.
+    with caplog.at_level("WARNING", logger="shared.migrate"):
+        assert await apply_functions(conn, old) == []
+    assert await conn.fetchval("SELECT a_answer(0)") == 2, "the newer body stays"
+    assert "newer than this process's 1: running against them" in caplog.text
+    assert await conn.fetchval("SELECT release FROM schema_functions WHERE name = '10_a.sql'") == 2
+    assert await apply_functions(conn, new) == [], "the newer release finds its own text"
+
+
+async def test_an_older_release_refuses_to_start_when_a_function_it_defines_is_gone(releases) -> None:
+    old, new, conn = releases
+    release(
+        old,
+        "10_a.sql",
+        1,
+        ANSWER_1 + "CREATE OR REPLACE FUNCTION a_gone() RETURNS int LANGUAGE sql AS 'SELECT 9';\n",
+    )
+    await apply_functions(conn, old)
+    await apply_functions(conn, new)
+    # The release after dropped a_gone in a migration (one release after its last caller).
+    await conn.execute("DROP FUNCTION a_gone()")
+    with pytest.raises(MigrationError) as refused:
+        await apply_functions(conn, old)
+    message = str(refused.value)
+    assert "10_a.sql are release 2, newer than this process's release 1" in message
+    assert "a_gone() -> integer" in message
+    assert "run the newer release's image" in message and 'docs/deploying.md "Rolling back"' in message
+    assert await conn.fetchval("SELECT a_answer(0)") == 2
+
+
+async def test_a_release_this_database_never_ran_is_refused_rather_than_guessed(releases) -> None:
+    old, new, conn = releases
+    await apply_functions(conn, new)  # installed at release 2, never at 1
+    with pytest.raises(MigrationError, match="never ran release 1"):
+        await apply_functions(conn, old)
+
+
+async def test_a_worker_of_an_older_release_waits_for_nothing_and_refuses_at_once_when_it_cannot_run(
+    scratch_db, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """`shared.migrate --wait` (the workers' init container) on a database whose functions
+    are newer: current when they keep what this release defines; otherwise a refusal at
+    once, not a wait that never ends (a rolled-back worker Deployment stuck in Init)."""
+    await migrate_dsn(scratch_db)
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        name = load_functions()[-1].name
+        await conn.execute(
+            "UPDATE schema_functions SET release = release + 1, checksum = 'newer' WHERE name = $1", name
+        )
+        assert await wait_until_current(scratch_db, within=0.3, interval=0.1) == []
+        await conn.execute("DELETE FROM schema_function_releases WHERE name = $1", name)
+        started = asyncio.get_running_loop().time()
+        with pytest.raises(MigrationError, match=f"{name} are release"):
+            await wait_until_current(scratch_db, within=30, interval=0.1)
+        assert asyncio.get_running_loop().time() - started < 5
+    finally:
+        await conn.close()
+
+
+async def test_the_functions_each_release_defined_are_recorded_as_postgres_has_them(scratch_db) -> None:
+    await migrate_dsn(scratch_db)
+    conn = await asyncpg.connect(scratch_db)
+    try:
+        rows = await conn.fetch("SELECT name, release, functions FROM schema_function_releases")
+        recorded = {r["name"]: json.loads(r["functions"]) for r in rows}
+        assert set(recorded) == {f.name for f in load_functions()}
+        jobs = recorded["30_jobs.sql"]
+        assert "chatq_claim_job(uuid,integer,bigint,integer)" in jobs
+        assert jobs["chatq_claim_job(uuid,integer,bigint,integer)"] == "chatq_claim_result"
+        assert all(r["release"] >= 1 for r in rows)
+    finally:
+        await conn.close()
+
+
+async def test_two_builds_of_one_release_with_different_text_are_refused_not_swapped(
+    releases, tmp_path: Path
+) -> None:
+    _, new, conn = releases
+    other = tmp_path / "other"
+    release(other, "10_a.sql", 2, ANSWER_2.replace("SELECT 3", "SELECT 4"))
+    await apply_functions(conn, new)
+    with pytest.raises(MigrationError, match="two builds carry the same release number"):
+        await apply_functions(conn, other)
+    assert await conn.fetchval("SELECT a_more()") == 3
+
+
+async def test_a_release_rewritten_outside_the_releases_is_put_back_by_that_release(releases) -> None:
+    """A process from before function releases re-applies its text over ours, keeping the
+    release column: the release's own process puts its text back."""
+    _, new, conn = releases
+    await apply_functions(conn, new)
+    await conn.execute("CREATE OR REPLACE FUNCTION a_more() RETURNS int LANGUAGE sql AS 'SELECT 0'")
+    await conn.execute("UPDATE schema_functions SET checksum = 'written-by-an-older-chatqueue'")
+    assert await apply_functions(conn, new) == ["10_a.sql"]
+    assert await conn.fetchval("SELECT a_more()") == 3

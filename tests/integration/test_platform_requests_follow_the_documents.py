@@ -230,6 +230,7 @@ async def test_a_request_the_documents_refuse_gets_the_platforms_error_and_is_re
     assert (unknown.status_code, unknown.json()["description"]) == (404, "Not Found")
     assert typed.status_code == 400 and typed.json()["description"].startswith("Bad Request: ")
     assert avito_long.status_code == 400 and avito_long.json()["error"]["code"] == 400
+    # Only the token path takes a trailing slash (the observed supplement); any other is refused.
     assert slash.status_code == 404 and slash.json() == {"error": {"code": 404, "message": "Not found"}}
     assert [v.call for v in world.violations] == [
         "sendMessage",

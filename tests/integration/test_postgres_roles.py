@@ -39,6 +39,8 @@ async def app_role(infra: Infra) -> AsyncIterator[str]:
         "CHATQ_DB_USER": user,
         "CHATQ_DB_PASSWORD": password,
         "CHATQ_DB_NAME": database,
+        "CHATQ_MONITOR_USER": f"chatq_monitor_{suffix}",
+        "CHATQ_MONITOR_PASSWORD": password + "-monitor",
     }
     out = await asyncio.to_thread(
         subprocess.run, ["sh", str(SCRIPT)], env=env, capture_output=True, text=True, timeout=60
@@ -53,6 +55,7 @@ async def app_role(infra: Infra) -> AsyncIterator[str]:
         try:
             await conn.execute(f'DROP DATABASE IF EXISTS "{database}" WITH (FORCE)')
             await conn.execute(f'DROP ROLE IF EXISTS "{user}"')
+            await conn.execute(f'DROP ROLE IF EXISTS "chatq_monitor_{suffix}"')
         finally:
             await conn.close()
 
@@ -80,5 +83,31 @@ async def test_the_application_role_owns_its_database_applies_every_migration_an
             await conn.execute("CREATE DATABASE chatq_should_not_exist")
         with pytest.raises(asyncpg.InsufficientPrivilegeError):
             await conn.execute("ALTER SYSTEM SET max_connections = 1000")
+    finally:
+        await conn.close()
+
+
+async def test_the_exporters_role_reads_statistics_and_not_one_row_of_the_application(app_role: str) -> None:
+    """The Postgres exporter's role (compose's postgres-exporter): pg_monitor, no data."""
+    conn = await asyncpg.connect(app_role)
+    try:
+        await migrate(conn)
+    finally:
+        await conn.close()
+    parts = urlsplit(app_role)
+    suffix = parts.username.rsplit("_", 1)[-1]
+    monitor = urlunsplit(
+        (
+            "postgresql",
+            f"chatq_monitor_{suffix}:{parts.password}-monitor@{parts.hostname}:{parts.port}",
+            parts.path, "", "",
+        )
+    )  # fmt: skip
+    conn = await asyncpg.connect(monitor)
+    try:
+        assert await conn.fetchval("SELECT count(*) >= 1 FROM pg_stat_database") is True
+        assert await conn.fetchval("SELECT pg_has_role(current_user, 'pg_monitor', 'member')") is True
+        with pytest.raises(asyncpg.InsufficientPrivilegeError):
+            await conn.fetchval("SELECT count(*) FROM public.operations")
     finally:
         await conn.close()

@@ -68,7 +68,7 @@ _NOT_METRICS = {
     # PromQL functions, aggregations, keywords and the label names we group by
     *"sum max min avg count rate increase irate histogram_quantile clamp_min clamp_max by without on "
     "ignoring group_left group_right offset and or unless bool abs deriv delta".split(),
-    *"le state outcome platform reason queue instance job event vhost".split(),
+    *"le state outcome platform reason queue instance job event vhost namespace scaledObject".split(),
     "inf",
     "Inf",
 }
@@ -235,7 +235,7 @@ def kustomize_variant(
     images = {
         d["spec"]["template"]["spec"]["containers"][0]["image"].rsplit(":", 1)[0]
         for d in kustomize(overlay)
-        if d["kind"] == "Deployment"
+        if d["kind"] == "Deployment" and d["metadata"]["name"] != "chatqueue-postgres-exporter"
     }
     (workdir / "kustomization.yaml").write_text(
         yaml.safe_dump(
@@ -508,3 +508,49 @@ def validate_object(doc: dict[str, Any], kubernetes_version: str) -> None:
         kubernetes_validate.validate(doc, kubernetes_version, strict=True)
     except kubernetes_validate.ValidationError as exc:
         raise AssertionError(f"{where}: {exc.message} at {list(exc.path)}") from exc
+
+
+def interpolated(text: str, values: dict[str, str]) -> str:
+    """``text`` as docker compose interpolates it from ``values``: ``$$``, ``${NAME}``,
+    ``${NAME:-default}`` (the default itself interpolated, so defaults nest),
+    ``${NAME-default}``, ``${NAME:?message}`` (an AssertionError with the message when
+    unset or empty) and ``$NAME``."""
+    out: list[str] = []
+    i = 0
+    while i < len(text):
+        if text.startswith("$$", i):
+            out.append("$")
+            i += 2
+        elif text.startswith("${", i):
+            depth, j = 1, i + 2
+            while depth:
+                if text.startswith("${", j):
+                    depth, j = depth + 1, j + 2
+                    continue
+                depth -= text[j] == "}"
+                j += 1
+            inner = text[i + 2 : j - 1]
+            name = re.match(r"[A-Za-z_][A-Za-z0-9_]*", inner)
+            assert name, f"bad interpolation ${{{inner}}}"
+            key, rest = name.group(0), inner[name.end() :]
+            value = values.get(key)
+            if rest.startswith(":-"):
+                out.append(value if value else interpolated(rest[2:], values))
+            elif rest.startswith("-"):
+                out.append(value if value is not None else interpolated(rest[1:], values))
+            elif rest.startswith(":?"):
+                assert value, f"compose refuses: {key}: {rest[2:]}"
+                out.append(value)
+            else:
+                assert not rest, f"interpolation not understood: ${{{inner}}}"
+                out.append(value or "")
+            i = j
+        elif text[i] == "$" and re.match(r"[A-Za-z_]", text[i + 1 : i + 2]):
+            name = re.match(r"[A-Za-z_][A-Za-z0-9_]*", text[i + 1 :])
+            assert name
+            out.append(values.get(name.group(0), ""))
+            i += 1 + name.end()
+        else:
+            out.append(text[i])
+            i += 1
+    return "".join(out)

@@ -27,6 +27,7 @@ from tests.support.deploy_files import (
     apply_conflicts,
     dashboard_queries,
     exported_chatq_metrics,
+    interpolated,
     kustomize,
     kustomize_variant,
     metric_names,
@@ -65,6 +66,12 @@ def compose() -> dict:
     return yaml.safe_load(COMPOSE.read_text())
 
 
+def service_of(deployment: dict) -> str | None:
+    """receiver, coalescer or responder for a chatqueue service's Deployment, else None."""
+    component = deployment["spec"]["template"]["metadata"]["labels"].get("app.kubernetes.io/component")
+    return component if component in ("receiver", "coalescer", "responder") else None
+
+
 # ---- compose ---------------------------------------------------------------------------
 
 
@@ -89,7 +96,7 @@ def test_the_compose_stack_runs_every_service_and_waits_for_healthy_dependencies
     services = compose()["services"]
     assert set(services) == {
         "postgres", "rabbitmq", "migrate", "receiver", "coalescer", "responder", "prometheus", "alertmanager",
-        "grafana",
+        "grafana", "postgres-exporter",
     }  # fmt: skip
     for name in ("receiver", "coalescer", "responder"):
         svc = services[name]
@@ -127,7 +134,8 @@ def test_the_compose_stack_takes_every_secret_from_the_env_files_and_passes_only
     text = COMPOSE.read_text()
     for var in (
         "POSTGRES_PASSWORD", "CHATQ_DB_PASSWORD", "RABBITMQ_PASSWORD", "RABBITMQ_ADMIN_PASSWORD",
-        "GRAFANA_ADMIN_PASSWORD", "ALERTMANAGER_WEBHOOK_URL",
+        "GRAFANA_ADMIN_PASSWORD", "POSTGRES_MONITOR_PASSWORD", "ALERTMANAGER_RECEIVER",
+        "ALERTMANAGER_HEARTBEAT_URL",
     ):  # fmt: skip
         assert f"${{{var}:?" in text or f"${{{var}}}" in text
         assert f"{var}=" in (DEPLOY / ".env.example").read_text()
@@ -397,10 +405,14 @@ def test_every_deployment_has_probes_limits_a_budget_and_a_grace_period_that_cov
     drain = float(config["data"]["CHATQ_SHUTDOWN_GRACE_SECONDS"])
     worst = tuning(config["data"]).worst_case_job_seconds()
     assert drain >= worst, f"CHATQ_SHUTDOWN_GRACE_SECONDS={drain} < the longest job, {worst} s"
-    deployments = [d for d in docs if d["kind"] == "Deployment"]
+    deployments = [d for d in docs if d["kind"] == "Deployment" and service_of(d) is not None]
     assert {d["metadata"]["name"] for d in deployments} == {
         "chatqueue-receiver", "chatqueue-coalescer", "chatqueue-responder",
     }  # fmt: skip
+    others = {d["metadata"]["name"] for d in docs if d["kind"] == "Deployment"} - {
+        d["metadata"]["name"] for d in deployments
+    }
+    assert others <= {"chatqueue-postgres-exporter"}, others
     budgets = {
         d["spec"]["selector"]["matchLabels"]["app.kubernetes.io/component"]
         for d in docs
@@ -573,7 +585,9 @@ def test_every_chatq_metric_in_rules_and_dashboards_is_one_the_services_export()
     assert chatq, "the extraction found no chatq metric: the check itself broke"
     assert not chatq - exported, {n: used[n] for n in chatq - exported}
     others = set(used) - chatq - recorded - {"up"}
-    assert all(n.startswith("rabbitmq_") for n in others), others
+    # RabbitMQ's own, the Postgres exporter's (pg_up) and KEDA's scaler errors.
+    assert all(n.startswith("rabbitmq_") or n in {"pg_up"} for n in others), others
+    assert "rabbitmq_queue_messages" in others and "pg_up" in others
     # The dashboard covers the four numbers, oldest unfinished, outbox and emission lag.
     for needed in (
         "chatq_backlog", "chatq_receipt_to_reply_seconds_bucket", "chatq_operations_total",
@@ -581,6 +595,26 @@ def test_every_chatq_metric_in_rules_and_dashboards_is_one_the_services_export()
         "chatq_coalescer_emission_lag_seconds_bucket", "chatq_platform_request_seconds_bucket",
     ):  # fmt: skip
         assert "chatqueue.json" in used.get(needed, set()), needed
+
+
+# Gauges every process reads from the same table (each receiver and coalescer counts the
+# whole outbox, each receiver the whole backlog): summed over processes, one backlog would
+# count once per replica.
+SHARED_GAUGES = (
+    "chatq_outbox_pending", "chatq_outbox_lag_seconds", "chatq_backlog", "chatq_oldest_unfinished_age_seconds",
+)  # fmt: skip
+
+
+def test_no_query_sums_a_gauge_that_every_replica_reads_from_the_same_table() -> None:
+    exprs = [e for p in DASHBOARDS for e in dashboard_queries(p)] + rule_queries(RULES)
+    summed = [
+        e
+        for e in exprs
+        for g in SHARED_GAUGES
+        if re.search(rf"\b(sum|avg)\s*(by\s*\([^)]*\)\s*)?\(\s*{g}\b", e)
+    ]
+    assert not summed, f"summed across replicas (use max): {summed}"
+    assert any("max(chatq_outbox_pending)" in e for e in exprs)
 
 
 def test_grafana_provisions_the_prometheus_datasource_the_dashboards_use() -> None:
@@ -630,7 +664,7 @@ def test_applying_the_overlay_again_with_new_config_and_a_new_image_is_valid(tmp
     images = {
         c["image"]
         for d in second
-        if d["kind"] == "Deployment"
+        if d["kind"] == "Deployment" and service_of(d)
         for c in d["spec"]["template"]["spec"]["containers"] + d["spec"]["template"]["spec"]["initContainers"]
     }
     assert images == {"registry.example.invalid/chatqueue:0.2.0"}
@@ -678,10 +712,9 @@ def test_the_prod_secret_is_one_documented_instruction_whose_keys_pass_the_produ
         "docs/deploying.md names another file"
     )
     required, named = secret_keys(PROD_SECRETS)
-    assert set(required) == {
-        "CHATQ_DATABASE_URL", "CHATQ_AMQP_URL", "CHATQ_ADMIN_TOKEN", "RABBITMQ_MANAGEMENT_URL",
-    }  # fmt: skip
-    assert named - {"RABBITMQ_MANAGEMENT_URL"} <= SETTINGS_ENV, named - SETTINGS_ENV
+    not_ours = {"RABBITMQ_MANAGEMENT_URL", "POSTGRES_EXPORTER_DATA_SOURCE_NAME"}  # KEDA's, the exporter's
+    assert set(required) == {"CHATQ_DATABASE_URL", "CHATQ_AMQP_URL", "CHATQ_ADMIN_TOKEN", *not_ours}
+    assert named - not_ours <= SETTINGS_ENV, named - SETTINGS_ENV
     docs = kustomize(OVERLAYS[1])
     # Every key an object reads from the Secret is one the example requires.
     read = {
@@ -690,7 +723,15 @@ def test_the_prod_secret_is_one_documented_instruction_whose_keys_pass_the_produ
         if d["kind"] == "TriggerAuthentication"
         for ref in d["spec"]["secretTargetRef"]
         if ref["name"] == "chatqueue-secrets"
+    } | {
+        env["valueFrom"]["secretKeyRef"]["key"]
+        for d in docs
+        if d["kind"] == "Deployment"
+        for c in d["spec"]["template"]["spec"]["containers"]
+        for env in c.get("env", [])
+        if "secretKeyRef" in env.get("valueFrom", {})
     }
+    assert "POSTGRES_EXPORTER_DATA_SOURCE_NAME" in read
     assert read <= set(required), read - set(required)
     config = next(d for d in docs if d["kind"] == "ConfigMap")["data"]
     # As shipped, every placeholder is refused.
@@ -721,6 +762,9 @@ def test_at_maximum_scale_every_connection_fits_in_the_documented_postgres_max_c
     needed = 0
     for dep in (d for d in docs if d["kind"] == "Deployment"):
         name = dep["metadata"]["name"]
+        if service_of(dep) is None:  # the Postgres exporter: one connection, and one more in a rollout
+            needed += dep["spec"]["replicas"] + 1
+            continue
         pods = (
             scaled.get(name, dep["spec"].get("replicas", 1))
             + dep["spec"]["strategy"]["rollingUpdate"]["maxSurge"]
@@ -771,6 +815,7 @@ def test_only_the_webhooks_are_public_over_tls_and_everything_else_is_denied_by_
     }
     assert http["targetPort"] == "http" and ports["http"] != ports["admin"]
 
+    # The NetworkPolicies: tests/unit/test_kubernetes_policies.py evaluates them.
     policies = [d for d in docs if d["kind"] == "NetworkPolicy"]
     deny = [
         p
@@ -778,36 +823,6 @@ def test_only_the_webhooks_are_public_over_tls_and_everything_else_is_denied_by_
         if p["spec"]["podSelector"] == {} and "ingress" not in p["spec"] and "egress" not in p["spec"]
     ]
     assert deny and set(deny[0]["spec"]["policyTypes"]) == {"Ingress", "Egress"}, "default deny, both ways"
-
-    def allowed_in(component: str, port: int) -> set[str]:
-        """Namespaces allowed to reach ``port`` of ``component``'s pods."""
-        sources = set()
-        for p in policies:
-            labels = p["spec"]["podSelector"].get("matchLabels", {})
-            if (
-                labels.get("app.kubernetes.io/component", component) != component
-                or "ingress" not in p["spec"]
-            ):
-                continue
-            for rule in p["spec"]["ingress"]:
-                if port in {x["port"] for x in rule.get("ports", [])}:
-                    sources |= {
-                        f["namespaceSelector"]["matchLabels"]["kubernetes.io/metadata.name"]
-                        for f in rule["from"]
-                    }
-        return sources
-
-    assert allowed_in("receiver", ports["http"]) == {"ingress-nginx"}
-    assert allowed_in("receiver", ports["admin"]) == {"monitoring"}, "the admin port is never public"
-    for worker in ("coalescer", "responder"):
-        assert allowed_in(worker, 9100) == {"monitoring"}
-    egress = {
-        (x.get("protocol", "TCP"), x["port"])
-        for p in policies
-        for rule in p["spec"].get("egress", [])
-        for x in rule.get("ports", [])
-    }
-    assert {("UDP", 53), ("TCP", 5432), ("TCP", 5672), ("TCP", 443)} <= egress
 
 
 def test_the_kube_prometheus_objects_scrape_every_service_and_carry_the_same_rules_as_compose() -> None:
@@ -823,7 +838,7 @@ def test_the_kube_prometheus_objects_scrape_every_service_and_carry_the_same_rul
         if r.get("alert") == "ChatqueueTargetDown"
     )
     job_regex = re.search(r'job=~"([^"]+)"', target_down).group(1)
-    for dep in (d for d in docs if d["kind"] == "Deployment"):
+    for dep in (d for d in docs if d["kind"] == "Deployment" and service_of(d)):
         name = dep["metadata"]["name"]
         monitor = monitors[name]
         pod = dep["spec"]["template"]
@@ -844,7 +859,36 @@ def test_the_kube_prometheus_objects_scrape_every_service_and_carry_the_same_rul
     assert module.OUTPUT.read_text() == module.render(), "run: python deploy/prometheus/build_k8s_rules.py"
 
 
-def test_prometheus_sends_alerts_to_an_alertmanager_whose_config_amtool_accepts(tmp_path: Path) -> None:
+ALERTING_VALUES = {
+    "ALERTMANAGER_HEARTBEAT_URL": "https://heartbeat.test/ping",
+    "ALERTMANAGER_TELEGRAM_BOT_TOKEN": "7000002:alerts-bot-token-for-tests",
+    "ALERTMANAGER_TELEGRAM_CRITICAL_CHAT_ID": "-1001",
+    "ALERTMANAGER_TELEGRAM_WARNING_CHAT_ID": "-1002",
+    "ALERTMANAGER_SLACK_CRITICAL_WEBHOOK_URL": "https://hooks.slack.test/critical",
+    "ALERTMANAGER_WEBHOOK_CRITICAL_URL": "https://pager.test/critical",
+}
+
+
+def alertmanager_config(receiver: str, **values: str) -> str:
+    """The Alertmanager config compose writes, for ALERTMANAGER_RECEIVER=``receiver``."""
+    content = compose()["configs"]["alertmanager-config"]["content"]
+    return interpolated(content, {**ALERTING_VALUES, "ALERTMANAGER_RECEIVER": receiver, **values})
+
+
+def rule_alerts() -> set[str]:
+    return {
+        r["alert"]
+        for path in RULES.parent.glob("*.yml")
+        for g in yaml.safe_load(path.read_text())["groups"]
+        for r in g["rules"]
+        if "alert" in r
+    }
+
+
+@pytest.mark.parametrize("receiver", ["telegram", "slack", "webhook"])
+def test_alertmanager_sends_with_the_receiver_the_settings_choose_and_amtool_accepts_it(
+    receiver: str, tmp_path: Path
+) -> None:
     config = yaml.safe_load((DEPLOY / "prometheus" / "prometheus.yml").read_text())
     targets = [
         t for a in config["alerting"]["alertmanagers"] for s in a["static_configs"] for t in s["targets"]
@@ -852,9 +896,7 @@ def test_prometheus_sends_alerts_to_an_alertmanager_whose_config_amtool_accepts(
     services = compose()["services"]
     assert targets == ["alertmanager:9093"] and "alertmanager" in services
     assert services["prometheus"]["depends_on"]["alertmanager"]["condition"] == "service_healthy"
-    content = compose()["configs"]["alertmanager-config"]["content"]
-    assert "${ALERTMANAGER_WEBHOOK_URL:?" in content, "compose refuses to start without the webhook"
-    filled = re.sub(r"\$\{ALERTMANAGER_WEBHOOK_URL[^}]*\}", "https://hooks.chat.test/alerts", content)
+    filled = alertmanager_config(receiver)
     (tmp_path / "alertmanager.yml").write_text(filled)
     amtool = shutil.which("amtool")
     assert amtool, "amtool not found: `make test` installs it (Debian package prometheus-alertmanager)"
@@ -863,6 +905,47 @@ def test_prometheus_sends_alerts_to_an_alertmanager_whose_config_amtool_accepts(
     )
     assert out.returncode == 0, out.stdout + out.stderr
     doc = yaml.safe_load(filled)
-    assert doc["route"]["receiver"] in {r["name"] for r in doc["receivers"]}
-    # The webhook URL from deploy/.env is a placeholder until a person sets it.
-    assert "CHANGE-ME" in example_values(DEPLOY / ".env.example")["ALERTMANAGER_WEBHOOK_URL"]
+    receivers = {r["name"]: r for r in doc["receivers"]}
+    route = doc["route"]
+    # Warnings by default, critical alerts apart and sooner, the heartbeat on its own.
+    assert route["receiver"] == f"{receiver}-warning"
+    by_matcher = {tuple(r["matchers"]): r for r in route["routes"]}
+    assert by_matcher[('severity="critical"',)]["receiver"] == f"{receiver}-critical"
+    heartbeat = by_matcher[('alertname="Watchdog"',)]
+    assert heartbeat["receiver"] == "heartbeat" and heartbeat["repeat_interval"] == "1m"
+    assert next(iter(by_matcher)) == ('alertname="Watchdog"',), "the Watchdog is matched before severities"
+    assert (
+        receivers["heartbeat"]["webhook_configs"][0]["url"] == ALERTING_VALUES["ALERTMANAGER_HEARTBEAT_URL"]
+    )
+    kind = {"telegram": "telegram_configs", "slack": "slack_configs", "webhook": "webhook_configs"}[receiver]
+    for severity in ("critical", "warning"):
+        (sender,) = receivers[f"{receiver}-{severity}"][kind]
+        assert sender["send_resolved"] is True
+    if receiver == "telegram":
+        chats = {
+            s: receivers[f"telegram-{s}"]["telegram_configs"][0]["chat_id"] for s in ("critical", "warning")
+        }
+        assert chats == {"critical": -1001, "warning": -1002}
+    # Inhibition: the broker's or Postgres' outage mutes its fallout, alerts that exist.
+    (rule,) = doc["inhibit_rules"]
+    names = rule_alerts()
+    sources = re.search(r'alertname=~"([^"]+)"', rule["source_matchers"][0]).group(1).split("|")
+    targets_ = re.search(r'alertname=~"([^"]+)"', rule["target_matchers"][0]).group(1).split("|")
+    assert set(sources) == {"RabbitmqDown", "PostgresDown"}
+    assert set(sources + targets_) <= names, set(sources + targets_) - names
+    assert "Watchdog" not in targets_ and not set(sources) & set(targets_)
+
+
+def test_alertmanager_refuses_to_start_without_a_receiver_or_a_heartbeat() -> None:
+    with pytest.raises(AssertionError, match="ALERTMANAGER_RECEIVER"):
+        interpolated(compose()["configs"]["alertmanager-config"]["content"], ALERTING_VALUES)
+    values = {k: v for k, v in ALERTING_VALUES.items() if k != "ALERTMANAGER_HEARTBEAT_URL"}
+    with pytest.raises(AssertionError, match="ALERTMANAGER_HEARTBEAT_URL"):
+        interpolated(
+            compose()["configs"]["alertmanager-config"]["content"],
+            {**values, "ALERTMANAGER_RECEIVER": "slack"},
+        )
+    example = example_values(DEPLOY / ".env.example")
+    assert example["ALERTMANAGER_RECEIVER"] == "telegram"
+    assert "CHANGE-ME" in example["ALERTMANAGER_HEARTBEAT_URL"]
+    assert "CHANGE-ME" in example["ALERTMANAGER_TELEGRAM_BOT_TOKEN"]

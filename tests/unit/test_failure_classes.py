@@ -126,7 +126,7 @@ async def test_before_the_attempts_window_has_passed_it_is_too_early_to_say_not_
 
 
 async def test_an_answer_of_a_shape_we_do_not_know_is_unknown_not_absent() -> None:
-    for items in ({"items": [out("m-2", T)]}, [out("m-2", None)], ["m-2"]):
+    for items in ({"items": [out("m-2", T)]}, [out("m-2", None)], ["m-2"], {"messages": "m-2"}):
         with pytest.raises(Exception) as raised:
             await listing(items).find_sent(query())
         assert getattr(raised.value, "kind", None) is Kind.UNKNOWN, items

@@ -103,3 +103,54 @@ def test_every_line_that_logs_an_operation_or_job_outcome_passes_its_id_as_a_fie
         assert keys & {"operation_id", "job_id", "message_id"}, f"{path}:{node.lineno}: {keys}"
         assert keys <= set(CONTEXT_FIELDS), keys - set(CONTEXT_FIELDS)
     assert found, f"no outcome line found in {path}: the check itself broke"
+
+
+def started(module: str, **env: str) -> subprocess.CompletedProcess[str]:
+    """``python -m module`` with only ``env`` for its settings (no CHATQ_* of ours)."""
+    import os
+
+    base = {k: v for k, v in os.environ.items() if not k.startswith("CHATQ_")}
+    return subprocess.run(
+        [sys.executable, "-m", module],
+        env={**base, **env},
+        capture_output=True,
+        text=True,
+        timeout=60,
+        cwd=ROOT,
+    )
+
+
+@pytest.mark.parametrize("module", ["services.receiver", "services.coalescer", "services.responder"])
+def test_a_service_refused_at_start_up_says_why_in_one_json_line(module: str) -> None:
+    out = started(
+        module,
+        CHATQ_ENV="production",
+        CHATQ_LOG_FORMAT="json",
+        CHATQ_DATABASE_URL="postgresql://chatq:Qm7vTz2pLw9xKc4RHs8dJ3kq@db/chatqueue",
+        CHATQ_AMQP_URL="amqp://chatq:Hs8dJ3kq0PzX5nVbQm7vTz2p@mq/",
+        CHATQ_ADMIN_TOKEN="CHANGE-ME-admin-token-32-characters",
+    )
+    assert out.returncode == 1
+    lines = (out.stdout + out.stderr).splitlines()
+    assert len(lines) == 1, lines  # it was a 64-line traceback
+    record = json.loads(lines[0])
+    assert record["level"] == "ERROR" and record["service"] == module.split(".")[1]
+    assert record["message"].startswith(
+        f"{module.split('.')[1]} stopped: settings refused: CHATQ_ENV=production"
+    )
+    assert "CHATQ_ADMIN_TOKEN" in record["message"] and "traceback" not in record
+    assert "Qm7vTz2pLw9xKc4RHs8dJ3kq" not in lines[0], "a password never reaches the log"
+
+
+def test_a_failure_past_the_settings_keeps_its_traceback_inside_the_one_json_line() -> None:
+    out = started(
+        "shared.migrate",
+        CHATQ_LOG_FORMAT="json",
+        CHATQ_DATABASE_URL="postgresql://chatq@127.0.0.1:1/chatqueue",
+    )
+    assert out.returncode == 1
+    lines = (out.stdout + out.stderr).splitlines()
+    assert len(lines) == 1, lines
+    record = json.loads(lines[0])
+    assert record["message"].startswith("migrate stopped: ")
+    assert "Traceback" in record["traceback"]

@@ -16,7 +16,15 @@ from pathlib import Path
 
 import pytest
 
-from shared.migrate import MIGRATIONS_DIR, load_migrations
+from shared.migrate import (
+    FUNCTIONS_DIR,
+    MIGRATIONS_DIR,
+    body_digest,
+    load_functions,
+    load_migrations,
+    read_header,
+    stamp,
+)
 
 pytestmark = pytest.mark.unit
 
@@ -33,6 +41,7 @@ DESTRUCTIVE = [
         "drops a column",
     ),
     (re.compile(r"\bDROP\s+(TABLE|VIEW|MATERIALIZED\s+VIEW|SCHEMA)\b", re.I), "drops a table"),
+    (re.compile(r"\bDROP\s+(FUNCTION|PROCEDURE|ROUTINE)\b", re.I), "drops a function"),
     (re.compile(r"\bRENAME\b", re.I), "renames a table, column or constraint"),
     (re.compile(r"\bALTER\s+COLUMN\b.*\b(TYPE|SET\s+DATA\s+TYPE)\b", re.I), "changes a column's type"),
     (re.compile(r"\bSET\s+NOT\s+NULL\b", re.I), "makes a column NOT NULL"),
@@ -101,3 +110,49 @@ def test_the_rule_starts_after_the_last_migration_released_before_it() -> None:
     assert LAST_BEFORE_THE_RULE in versions
     assert (MIGRATIONS_DIR / "0009_accounts.sql").exists()
     assert "chatq:destructive" in (Path(__file__).resolve().parents[2] / "docs" / "deploying.md").read_text()
+
+
+# ---- SQL functions: forward only (design invariant I10) -----------------------------------
+
+
+def test_every_function_file_carries_its_release_and_was_not_edited_since() -> None:
+    """A function file's text changes only with a new release: the database keeps the
+    newest release it was given, so an edit under the old number could be overwritten by,
+    or overwrite, another build of that number."""
+    stale = []
+    for f in load_functions():
+        header = read_header(f.sql)
+        assert header.release >= 1, f"{f.name} has no '-- chatq:release N sha256:...' first line"
+        if not header.current:
+            stale.append(f.name)
+    assert not stale, (
+        f"{stale} changed since their release line was written: run `python -m shared.migrate --stamp` "
+        "(it gives each the next release)"
+    )
+
+
+def test_no_function_file_drops_or_retypes_a_function() -> None:
+    """The previous release's processes call its functions during a rollout and after a
+    rollback (docs/deploying.md "Rolling back"): a function file keeps every signature it
+    had. A new result type is a new function; a drop is a migration, one release after the
+    last caller, marked ``-- chatq:destructive``. (CREATE OR REPLACE itself refuses to
+    change a result type, so a drop is the only way a file could.)"""
+    for f in load_functions():
+        for number, line in enumerate(f.sql.splitlines(), start=1):
+            code = line.split("--", 1)[0]
+            assert not re.search(r"\bDROP\s+(FUNCTION|PROCEDURE|ROUTINE|TYPE)\b", code, re.I), (
+                f"{f.name} line {number}: {line.strip()}"
+            )
+
+
+def test_stamping_gives_an_edited_file_the_next_release_and_leaves_the_others(tmp_path: Path) -> None:
+    path = tmp_path / "10_a.sql"
+    path.write_text("CREATE OR REPLACE FUNCTION a() RETURNS int LANGUAGE sql AS 'SELECT 1';\n")
+    assert stamp(path) and read_header(path.read_text()).release == 1
+    assert not stamp(path), "unchanged text keeps its release"
+    path.write_text(path.read_text().replace("SELECT 1", "SELECT 2"))
+    assert not read_header(path.read_text()).current
+    assert stamp(path)
+    header = read_header(path.read_text())
+    assert (header.release, header.digest) == (2, body_digest(header.body))
+    assert FUNCTIONS_DIR.is_dir()

@@ -28,6 +28,10 @@ def test_a_service_main_runs_on_uvloop_and_its_exit_code_comes_back() -> None:
 
 @pytest.mark.parametrize("service", ["receiver", "coalescer", "responder"])
 def test_each_service_starts_through_the_uvloop_runner(service: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    import shared.faults
+    import shared.lifecycle
+    import shared.logging
+
     module = importlib.import_module(f"services.{service}.__main__")
     started: list[str] = []
 
@@ -36,13 +40,13 @@ def test_each_service_starts_through_the_uvloop_runner(service: str, monkeypatch
         main.close()  # never started: nothing connects
         return 0
 
-    monkeypatch.setattr(module, "run_service", fake_run_service)
-    monkeypatch.setattr(module, "arm", lambda point: None)
-    monkeypatch.setattr(module, "configure_logging", lambda *a, **k: None)
+    monkeypatch.setattr(shared.lifecycle, "run_service", fake_run_service)
+    monkeypatch.setattr(shared.faults, "arm", lambda point: None)
+    monkeypatch.setattr(shared.logging, "configure_logging", lambda *a, **k: None)
     with pytest.raises(SystemExit) as exit_:
         module.main()
     assert exit_.value.code == 0
-    assert started == ["_main"]
+    assert started == ["service_main.<locals>.main"]
 
 
 def test_a_service_that_ends_unsignalled_gives_sigterm_and_sigint_back_to_their_handlers() -> None:
