@@ -58,7 +58,7 @@ from dataclasses import dataclass
 
 import aiormq
 import asyncpg
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.abc import DeliveredMessage
 
 from shared.broker.connection import BrokerConnection
@@ -261,8 +261,11 @@ class Consumer:
         """Consume until ``stop``; reconnect after broker outages."""
         backoff = 0.2
         while not self._stopping.is_set():
+            # The connection this consumer's channel is on: the one a failure resets (the
+            # connection is shared; another user may have replaced it already).
+            connection: AbstractConnection | None = None
             try:
-                channel = await self._broker.channel()
+                connection, channel = await self._broker.open_channel()
                 self._channel = channel
                 await channel.set_qos(prefetch_count=self._prefetch)
                 # On aiormq's channel: handlers get AmqpDelivery, not aio-pika's message
@@ -280,7 +283,7 @@ class Consumer:
                 self.consuming = False
                 if not self._stopping.is_set():
                     logger.warning("channel to %s closed; reconnecting", self._queue)
-                    await self._broker.reset()
+                    await self._broker.reset(connection)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -288,7 +291,7 @@ class Consumer:
                 logger.warning(
                     "consumer of %s: %s: %s; retrying in %.1fs", self._queue, type(exc).__name__, exc, backoff
                 )
-                await self._broker.reset()
+                await self._broker.reset(connection)
                 await self._pause(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
 
