@@ -248,6 +248,23 @@ BEGIN
 END
 $$;
 
+-- The chat locks of a batch of jobs (each chat's once), in the order of their lock keys,
+-- for the rest of the transaction: every taker of several chats' locks takes them in that
+-- order (chatq_lock_chats, the claim, before-send and record batches,
+-- chatq_unblock_expired_holds), so no two wait for each other in a cycle. Ending a job
+-- takes its chat's lock (the trigger that unblocks the chat's next window): a batch that
+-- may end jobs of several chats takes them all first. One probe by key a job.
+CREATE OR REPLACE FUNCTION chatq_lock_chats_of_jobs(p_jobs uuid[]) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(k.key) FROM (
+        SELECT DISTINCT hashtextextended(r.chat_key, 0) AS key
+        FROM unnest(p_jobs) AS x(job)
+        CROSS JOIN LATERAL (SELECT r.chat_key FROM reply_jobs r WHERE r.id = x.job LIMIT 1) r
+        ORDER BY 1
+    ) k;
+END
+$$;
+
 -- chatq_claim_job for the jobs of one responder connection that are claimed together: one
 -- round trip, one transaction, and for the jobs that take the common way (in flight, no
 -- send of theirs that may have reached the chat, the seller not in the chat since they
@@ -317,6 +334,11 @@ BEGIN
     IF n = 0 THEN
         RETURN;
     END IF;
+    -- Every chat's lock of the batch first: a job this claim ends (superseded, withdrawn)
+    -- takes its chat's lock through the trigger that unblocks the chat's next window, and
+    -- taken then, in the batch's order, a lock after a higher key deadlocked with a filing
+    -- of both chats (issue 40; test_claim_batch.py holds it).
+    PERFORM chatq_lock_chats_of_jobs(p_jobs);
     SELECT array_agg(pg_try_advisory_lock(t.k) ORDER BY t.n) INTO got
     FROM unnest(p_lock_keys) WITH ORDINALITY AS t(k, n);
     FOR x IN 1 .. n LOOP
@@ -651,8 +673,8 @@ $$;
 -- transaction. Before, the batch called chatq_before_send for each job: eight statements a
 -- job, 0.2 ms of Postgres a reply under bench.pipeline (pg_stat_statements). Every chat's
 -- lock of the batch is taken first, in lock-key order, as every taker of several takes
--- them (chatq_lock_chats, chatq_record_sent_many), whether or not the job folds: a job
--- withdrawn takes its chat's lock too (the trigger that unblocks the chat's next window),
+-- them (chatq_lock_chats, chatq_claim_jobs, chatq_record_sent_many), whether or not the job
+-- folds: a job withdrawn takes its chat's lock too (the trigger that unblocks the chat's next window),
 -- and taken then, after a higher key, it deadlocked with a filing of both chats (found by a
 -- review; test_before_send_batch.py holds it). The per-job call takes its own again
 -- (granted at once: it is this transaction's). Every read is a probe by key. Where two
@@ -768,8 +790,8 @@ $$;
 -- The chats' locks are taken first, in the order of their lock keys: ending a job takes
 -- its chat's lock (the trigger that unblocks the chat's next window, which finds it held),
 -- and every other taker of several chats' locks takes them in that order
--- (chatq_lock_chats, before-send batches, chatq_unblock_expired_holds). Each table is
--- written by its key (id = ANY, the status checked only on the rows found: "IS TRUE"
+-- (chatq_lock_chats, claim and before-send batches, chatq_unblock_expired_holds). Each table
+-- is written by its key (id = ANY, the status checked only on the rows found: "IS TRUE"
 -- keeps it from being read through a partial index whose predicate it would imply, as
 -- filing's update once was, on statistics taken while nothing was in flight).
 CREATE OR REPLACE FUNCTION chatq_record_sent_many(
@@ -796,12 +818,7 @@ DECLARE
     r_mid text[];
     r_received timestamptz[];
 BEGIN
-    PERFORM pg_advisory_xact_lock(k.key) FROM (
-        SELECT DISTINCT hashtextextended(r.chat_key, 0) AS key
-        FROM unnest(p_jobs) AS x(job)
-        CROSS JOIN LATERAL (SELECT r.chat_key FROM reply_jobs r WHERE r.id = x.job LIMIT 1) r
-        ORDER BY 1
-    ) k;
+    PERFORM chatq_lock_chats_of_jobs(p_jobs);
     WITH j AS (
         UPDATE reply_jobs r
         SET status = 'sent', reply_text = p_texts[array_position(p_jobs, r.id)],

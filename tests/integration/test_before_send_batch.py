@@ -279,6 +279,31 @@ async def job_in_flight(conn: asyncpg.Connection, chat: str, *, seller_wrote: bo
     return job, key
 
 
+async def beside_a_filing(pool: asyncpg.Pool, chat_keys: list[str], statement: str, *args: Any) -> list[Any]:
+    """``statement``'s rows, run on one connection while another files messages in
+    ``chat_keys`` (taken in lock-key order, as chatq_lock_chats does): the filing holds the
+    first chat's lock until the statement waits for it, then asks for the others. A
+    statement that took another of those chats' locks before the first deadlocks here."""
+    async with pool.acquire() as responder, pool.acquire() as filing:
+        pid = await responder.fetchval("SELECT pg_backend_pid()")
+        try:
+            async with filing.transaction():
+                await filing.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", chat_keys[0])
+                step = asyncio.ensure_future(responder.fetch(statement, *args))
+                deadline = asyncio.get_running_loop().time() + 10
+                while not await filing.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid):
+                    assert asyncio.get_running_loop().time() < deadline, (
+                        "the statement never waited for the filing"
+                    )
+                    await asyncio.sleep(0.02)
+                await filing.fetch(
+                    "SELECT * FROM chatq_lock_chats($1, $2)", chat_keys, [uuid.uuid4() for _ in chat_keys]
+                )
+            return list(await asyncio.wait_for(step, 10))
+        finally:
+            await responder.execute("SELECT pg_advisory_unlock_all()")
+
+
 async def test_a_batch_with_a_job_withdrawn_takes_its_chats_locks_in_the_order_a_filing_of_the_same_chats_does(
     pool,
 ):
@@ -294,22 +319,9 @@ async def test_a_batch_with_a_job_withdrawn_takes_its_chats_locks_in_the_order_a
         x, y = sorted(keys, key=keys.__getitem__)
         a, kx = await job_in_flight(conn, x, seller_wrote=True)
         b, ky = await job_in_flight(conn, y, seller_wrote=False)
-    async with pool.acquire() as responder, pool.acquire() as filing:
-        pid = await responder.fetchval("SELECT pg_backend_pid()")
-        async with filing.transaction():
-            await filing.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", kx)
-            step = asyncio.ensure_future(
-                responder.fetch(BATCHED, [a, b], [kx, ky], ["r1", "r2"], [1, 1], [False, True], 4, 4000)
-            )
-            deadline = asyncio.get_running_loop().time() + 10
-            while not await filing.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid):
-                assert asyncio.get_running_loop().time() < deadline, "the batch never waited for X"
-                await asyncio.sleep(0.02)
-            # The rest of a filing of both chats, in key order (chatq_lock_chats).
-            await filing.fetch(
-                "SELECT * FROM chatq_lock_chats($1, $2)", [kx, ky], [uuid.uuid4(), uuid.uuid4()]
-            )
-        rows = await asyncio.wait_for(step, 10)
+    rows = await beside_a_filing(
+        pool, [kx, ky], BATCHED, [a, b], [kx, ky], ["r1", "r2"], [1, 1], [False, True], 4, 4000
+    )
     assert [(r["i"], r["withdrawn"]) for r in rows] == [(1, True)]
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT status FROM deliveries WHERE job_id = $1", b) == "sending"
