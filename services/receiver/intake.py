@@ -145,7 +145,7 @@ WITH clock AS (SELECT clock_timestamp() AS now), late AS (
                 WHERE w.chat_key = chatq_chat_key($2, $3, $5) AND w.status = 'open')
         OR EXISTS (SELECT 1 FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
                    WHERE r.chat_key = chatq_chat_key($2, $3, $5) AND r.status IN ('pending', 'processing')
-                     AND (d.job_id IS NULL OR (d.status = 'not_sent' AND NOT d.maybe_sent)))
+                     AND NOT chatq_delivery_may_have_sent(d.status, d.maybe_sent))
         OR EXISTS (SELECT 1 FROM operations t
                    WHERE t.platform = $2 AND t.account_id = $3 AND t.chat_id = $5
                      AND t.status IN ('accepted', 'queued')

@@ -103,7 +103,7 @@ BEGIN
     FOR j IN
         SELECT r.id, r.operation_ids FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
         WHERE r.chat_key = ck AND r.status = 'pending'
-          AND NOT (coalesce(d.status IN ('sending', 'unknown'), false) OR coalesce(d.maybe_sent, false))
+          AND NOT chatq_delivery_may_have_sent(d.status, d.maybe_sent)
         FOR UPDATE OF r
     LOOP
         UPDATE reply_jobs SET status = 'superseded', error_message = 'withdrawn: ' || why, updated_at = now()

@@ -56,7 +56,10 @@ $$;
 
 -- Withdraw a job nobody has sent yet when the seller answered its chat in person after it
 -- was built (chats.seller_wrote_at): superseded, its unfinished messages 'replied',
--- "answered by the seller". Returns whether it did. The caller holds the job.
+-- "answered by the seller". Returns whether it did. The caller holds the job. A job a send
+-- of which may have reached the chat (chatq_delivery_may_have_sent: a part of it out, an
+-- unknown outcome) is never withdrawn: it is the bot's to finish, or a person's to check;
+-- withdrawn, it left the buyer half an answer, or a reply nobody accounted for (issue 40).
 CREATE OR REPLACE FUNCTION chatq_withdraw_if_seller_answered(
     p_job uuid, p_chat_key text, p_created timestamptz, p_ops uuid[]
 ) RETURNS boolean LANGUAGE plpgsql AS $$
@@ -65,6 +68,10 @@ DECLARE
 BEGIN
     SELECT c.seller_message_id INTO msg FROM chats c WHERE c.chat_key = p_chat_key AND c.seller_wrote_at > p_created;
     IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = p_job
+               AND chatq_delivery_may_have_sent(d.status, d.maybe_sent)) THEN
         RETURN false;
     END IF;
     UPDATE reply_jobs SET status = 'superseded', updated_at = now(),
@@ -148,7 +155,7 @@ BEGIN
     -- did once): whatever the latest attempt did, the reply may be there.
     -- (A job with no delivery yet has no status to compare: false, not NULL, or every
     -- check below that asks "NOT reconciling" would be skipped.)
-    reconciling := coalesce(j.d_status IN ('sending', 'unknown'), false) OR j.d_maybe;
+    reconciling := chatq_delivery_may_have_sent(j.d_status, j.d_maybe);
     IF NOT reconciling AND chatq_withdraw_if_seller_answered(p_job, j.ck, j.created, j.ops) THEN
         r.outcome := 'skip';
         r.reason := 'withdrawn: the seller answered the chat in person';
@@ -187,7 +194,7 @@ BEGIN
         PERFORM chatq_log(ids, 'attempt', 'attempt ' || p_attempt || ': a send of this reply may have reached the chat; '
                           || 'checking before anything more is sent', p_job);
         r.outcome := 'reconcile';
-        r.delivery := ROW(CASE WHEN j.d_status IN ('sending', 'unknown') THEN j.d_status ELSE 'unknown' END,
+        r.delivery := ROW(CASE WHEN chatq_delivery_may_have_sent(j.d_status, false) THEN j.d_status ELSE 'unknown' END,
                           j.d_text, j.d_started, coalesce(j.d_since, j.d_started))::chatq_claimed_delivery;
     ELSE
         -- Take the messages; one another job took meanwhile is not ours to answer (the
@@ -353,7 +360,7 @@ BEGIN
                updated_at = now()
         WHERE r.id = ANY(held) AND (r.status IN ('pending', 'processing')) IS TRUE
           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = r.id
-                          AND (d.status IN ('sending', 'unknown') OR d.maybe_sent) IS TRUE)
+                          AND chatq_delivery_may_have_sent(d.status, d.maybe_sent))
           AND NOT EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = r.chat_key
                           AND (c.seller_wrote_at > r.created_at) IS TRUE)
         RETURNING r.id, r.platform, r.account_id, r.chat_id, r.chat_key, r.operation_ids
@@ -556,10 +563,10 @@ BEGIN
     ON CONFLICT (job_id) DO UPDATE
     SET status = 'sending', text = EXCLUDED.text, attempt = EXCLUDED.attempt,
         started_at = now(), finished_at = NULL, error = NULL, platform_message_id = NULL,
-        maybe_sent = d.maybe_sent OR d.status IN ('sending', 'unknown'),
+        maybe_sent = chatq_delivery_may_have_sent(d.status, d.maybe_sent),
         maybe_since = CASE
             WHEN d.maybe_sent THEN d.maybe_since
-            WHEN d.status IN ('sending', 'unknown') THEN d.started_at
+            WHEN chatq_delivery_may_have_sent(d.status, false) THEN d.started_at
         END;
 END
 $$;
@@ -929,7 +936,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF j.d_status IN ('sending', 'unknown') OR j.d_maybe THEN
+    IF chatq_delivery_may_have_sent(j.d_status, j.d_maybe) THEN
         target := 'needs_review';
         why := p_reason || '; the last send may have reached the chat: check it, then resolve, or retry with a confirmed re-send';
     ELSE

@@ -238,33 +238,41 @@ async def test_the_step_before_sending_a_batch_reads_each_table_by_key_even_when
     assert after - before == 0
 
 
-async def job_in_flight(conn: asyncpg.Connection, chat: str, *, seller_wrote: bool) -> tuple[uuid.UUID, str]:
-    """A claimed job of one waiting message in ``chat``; the seller wrote since, or not."""
-    key = f"telegram:acc:{chat}"
+async def job_in_flight(
+    conn: asyncpg.Connection,
+    chat: str,
+    *,
+    seller_wrote: bool,
+    platform: str = "telegram",
+    status: str = "processing",
+) -> tuple[uuid.UUID, str]:
+    """A claimed job of one waiting message in ``chat`` (account ``acc``); the seller wrote
+    since, or not."""
+    key = f"{platform}:acc:{chat}"
     op, window, job = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     await conn.execute(
         """
         INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id, text, sent_at, status,
                                 received_at, payload)
-        VALUES ($1, 'telegram', 'acc', $2, $2, '1', 'hi', $3, 'waiting', $3, '{}')
+        VALUES ($1, $4, 'acc', $2, $2, '1', 'hi', $3, 'waiting', $3, '{}')
         """,
-        op, chat, T0 - timedelta(seconds=5),
+        op, chat, T0 - timedelta(seconds=5), platform,
     )  # fmt: skip
     await conn.execute(
         """
         INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
                                   deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
-        VALUES ($1, $2, 'telegram', 'acc', $3, 'closed', $4, $4, $4, $4, 0, 1, $4, $5)
+        VALUES ($1, $2, $6, 'acc', $3, 'closed', $4, $4, $4, $4, 0, 1, $4, $5)
         """,
-        window, key, chat, T0, job,
+        window, key, chat, T0, job, platform,
     )  # fmt: skip
     await conn.execute(
         """
         INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status, operation_ids,
                                 created_at)
-        VALUES ($1, $2, $3, 'telegram', 'acc', $4, 'processing', $5, $6)
+        VALUES ($1, $2, $3, $7, 'acc', $4, $8, $5, $6)
         """,
-        job, window, key, chat, [op], T0,
+        job, window, key, chat, [op], T0, platform, status,
     )  # fmt: skip
     await conn.execute("UPDATE operations SET job_id = $1 WHERE id = $2", job, op)
     if seller_wrote:
