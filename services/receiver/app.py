@@ -29,7 +29,7 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.topology import INBOUND_EXCHANGE
 from shared.faults import fault_point
 from shared.lifecycle import freeze_startup_heap
-from shared.ops_http import OpsServer
+from shared.ops_http import READINESS_SECONDS, OpsServer, export_readiness, postgres_check, readiness_gauges
 from shared.outbox import Relay
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
@@ -72,6 +72,8 @@ async def _refresh_backlog_gauges(pool: asyncpg.Pool, *, per_account: bool = Fal
         metrics.ACCOUNT_BACKLOG.clear()
         for (platform, account), n in (await admin_api.account_numbers(pool)).items():
             metrics.ACCOUNT_BACKLOG.labels(platform=platform, account=account).set(n["backlog"])
+    # While Postgres is away the gauges keep their last values: this says how old they are.
+    metrics.GAUGES_REFRESHED.labels(gauges="backlog").set_to_current_time()
 
 
 @dataclass(frozen=True)
@@ -126,6 +128,7 @@ class ReceiverApps:
         # is written.
         parts.closing("intake batches", intake)
         runtime = Runtime(pool, broker, relay, accounts, intake)
+        parts.every(READINESS_SECONDS, "readiness gauges", readiness_gauges(lambda: receiver_checks(runtime)))
         if settings.avito_poll_seconds > 0:
             # With or without the environment's Avito credentials: accounts added as data are
             # read too. A round without an Avito account asks nothing.
@@ -361,21 +364,28 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+async def receiver_checks(runtime: Runtime) -> dict[str, str]:
+    """Postgres, and RabbitMQ as the relay of this process reaches it (no relay: no check).
+    The relay keeps its broker connection through a Postgres outage, so only the check
+    that failed is named."""
+    checks = {"postgres": await postgres_check(runtime.pool)}
+    if runtime.relay is not None:
+        checks["rabbitmq"] = "ok" if runtime.broker.is_open else "unreachable"
+    return checks
+
+
 @health.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     runtime: Runtime = request.app.state.runtime
-    checks: dict[str, str] = {}
-    try:
-        await asyncio.wait_for(runtime.pool.fetchval("SELECT 1"), timeout=2)
-        checks["postgres"] = "ok"
-    except Exception as exc:
-        checks["postgres"] = f"unreachable: {type(exc).__name__}"
-    checks["rabbitmq"] = "ok" if runtime.broker.is_open else "unreachable"
+    checks = await receiver_checks(runtime)
+    failed = export_readiness(checks)
     # Intake needs Postgres only: while RabbitMQ is away the outbox holds what
     # arrives, so the receiver stays in rotation and reports itself degraded.
-    ready = checks["postgres"] == "ok"
-    status = "ok" if ready and checks["rabbitmq"] == "ok" else ("degraded" if ready else "unready")
-    return JSONResponse({"status": status, "checks": checks}, status_code=200 if ready else 503)
+    ready = "postgres" not in failed
+    status = "ok" if not failed else ("degraded" if ready else "unready")
+    return JSONResponse(
+        {"status": status, "failing": failed, "checks": checks}, status_code=200 if ready else 503
+    )
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> int:

@@ -65,7 +65,7 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.delivery import AmqpDelivery, Delivery
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.broker.topology import RETRY_EXCHANGE, retry_tier_name
-from shared.metrics import ACK_MESSAGES, RETRIES
+from shared.metrics import ACK_MESSAGES, IN_PROCESS_RETRIES, RETRIES
 from shared.retry import ATTEMPT_HEADER, ERROR_HEADER, attempt_of, delivery_count_of, next_retry
 
 logger = logging.getLogger(__name__)
@@ -397,6 +397,7 @@ class Consumer:
                 for m in messages:
                     await self._nack_requeue(m)
                 return
+            IN_PROCESS_RETRIES.labels(where=self._queue, error=type(error).__name__).inc(len(messages))
             logger.warning(
                 "a batch of %d message(s) on %s: %s: %s; retrying in %.1fs",
                 len(messages),
@@ -468,6 +469,7 @@ class Consumer:
             if self._stopping.is_set():
                 await self._nack_requeue(message)
                 return
+            IN_PROCESS_RETRIES.labels(where=self._queue, error=type(error).__name__).inc()
             logger.warning(
                 "message %s on %s: %s: %s; retrying in %.1fs",
                 message.message_id,
@@ -651,6 +653,7 @@ class Consumer:
 
             async def transient(exc: BaseException) -> bool:
                 if classify(exc) is Outcome.RETRY_IN_PROCESS:
+                    IN_PROCESS_RETRIES.labels(where=self._queue, error=type(exc).__name__).inc()
                     return True
                 # A bug in the hook: dead-letter anyway; the dead-letter recorder records
                 # the message from the queue.

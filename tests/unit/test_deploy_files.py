@@ -515,11 +515,9 @@ def test_the_prometheus_config_and_rules_pass_promtool(tmp_path: Path) -> None:
 
 
 def test_each_alert_fires_on_its_situation_and_stays_quiet_when_healthy() -> None:
-    out = subprocess.run(
-        [promtool(), "test", "rules", str(DEPLOY / "prometheus" / "tests" / "chatqueue-alerts.test.yml")],
-        capture_output=True,
-        text=True,
-    )
+    tests = sorted((DEPLOY / "prometheus" / "tests").glob("*.test.yml"))
+    assert [t.name for t in tests] == ["chatqueue-alerts.test.yml", "postgres-outage.test.yml"]
+    out = subprocess.run([promtool(), "test", "rules", *map(str, tests)], capture_output=True, text=True)
     assert out.returncode == 0, out.stdout + out.stderr
     alerts = {
         r["alert"] for g in yaml.safe_load(RULES.read_text())["groups"] for r in g["rules"] if "alert" in r
@@ -527,8 +525,27 @@ def test_each_alert_fires_on_its_situation_and_stays_quiet_when_healthy() -> Non
     assert {
         "ChatqueueBacklogGrowing", "ChatqueueRepliesSlowWhileBacklogShort", "ChatqueueFailedShareHigh",
         "ChatqueueRetriesRising", "ChatqueueOutboxLagging", "ChatqueueOldestUnfinishedTooOld",
-        "ChatqueueDeadLetters",
+        "ChatqueueDeadLetters", "ChatqueuePostgresUnreachable", "ChatqueueNotReady", "ChatqueueGaugesStale",
+        "ChatqueueConsumerStalled",
     } <= alerts  # fmt: skip
+
+
+def test_a_45_minute_postgres_outage_fires_the_postgres_alert_within_a_minute_and_the_stale_numbers_alert() -> (
+    None
+):
+    """Issue 40, point 5: the services answer /metrics while Postgres is away, with numbers
+    frozen at their last values; before, a 45-minute outage fired no chatqueue alert.
+    deploy/prometheus/tests/postgres-outage.test.yml plays it out every 15 s."""
+    outage = DEPLOY / "prometheus" / "tests" / "postgres-outage.test.yml"
+    out = subprocess.run([promtool(), "test", "rules", str(outage)], capture_output=True, text=True)
+    assert out.returncode == 0, out.stdout + out.stderr
+    checks = yaml.safe_load(outage.read_text())["tests"][0]["alert_rule_test"]
+    fired: dict[str, str] = {}
+    for c in checks:
+        if c.get("exp_alerts"):
+            fired.setdefault(c["alertname"], c["eval_time"])  # the first time each is expected
+    assert fired["ChatqueuePostgresUnreachable"] == "10m30s"  # Postgres stopped at 10m
+    assert fired["ChatqueueGaugesStale"] == "11m45s"
 
 
 @pytest.mark.parametrize("path", DASHBOARDS, ids=lambda p: p.name)
