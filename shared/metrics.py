@@ -12,7 +12,8 @@ REPLY_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 180
 
 WEBHOOKS = Counter(
     "chatq_webhooks_total",
-    "Webhook deliveries by platform and outcome (accepted, duplicate, ignored, rejected).",
+    "Webhook deliveries by platform and outcome (accepted, duplicate, ignored, rejected; unavailable: a 503 "
+    "while Postgres was away, sent again by the platform).",
     ["platform", "outcome"],
 )
 WEBHOOK_SECONDS = Histogram(
@@ -134,7 +135,7 @@ IN_PROCESS_RETRIES = Counter(
 # earlier sample, so increase() and rate() cannot see that event: a pod's first failure
 # or retry would be invisible to the alerts. Each service creates these children at 0
 # when it starts (``create_known_series``).
-WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected")
+WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "unavailable")
 # The responder's retry reasons (RetryLater kinds in services/responder/handler.py; a
 # unit test keeps the two lists equal): "<stage>_transient" for the model and each
 # platform, and the reasons that are not a stage's failure.

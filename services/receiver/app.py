@@ -38,7 +38,7 @@ from . import accounts_api, pages, sandbox
 from . import admin as admin_api
 from .direct import ReceiverApp
 from .errors import ApiError, install_error_handlers
-from .intake import Intake, IntakeBatcher, Stored, parse_json
+from .intake import AVITO_HOLD_SECONDS, Intake, IntakeBatcher, Stored, held_while_postgres_is_away, parse_json
 from .limits import BodySizeLimit
 from .openapi import json_body
 from .recovery import AvitoRecovery
@@ -221,14 +221,23 @@ def _webhook_routes(settings: Settings) -> APIRouter:
 
     async def accept(request: Request, platform: str, intake: Intake) -> Stored:
         account = registry(request).get(platform, intake.account_id)
-        if account is None and intake.chat_id is not None and (platform, intake.account_id) not in seen:
-            # The environment's account, named by its first message (Avito's user id).
-            await record_seen(request.app.state.pool, platform, intake.account_id)
-            seen.add((platform, intake.account_id))
         takeover = account.override("takeover_seconds") if account is not None else None
         hold = settings.takeover_seconds if takeover is None else takeover
         runtime: Runtime = request.app.state.runtime
-        stored = await runtime.intake.store(intake, hold_seconds=hold)
+
+        async def store() -> Stored:
+            if account is None and intake.chat_id is not None and (platform, intake.account_id) not in seen:
+                # The environment's account, named by its first message (Avito's user id).
+                await record_seen(request.app.state.pool, platform, intake.account_id)
+                seen.add((platform, intake.account_id))
+            return await runtime.intake.store(intake, hold_seconds=hold)
+
+        # While Postgres is away: held as long as the platform waits for an answer, then a
+        # 503 it sends again (README "When Postgres is down").
+        wait = settings.webhook_hold_seconds
+        stored = await held_while_postgres_is_away(
+            store, min(wait, AVITO_HOLD_SECONDS) if platform == "avito" else wait
+        )
         fault_point("receiver.after_commit")
         if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":
             runtime.relay.notify()
@@ -379,13 +388,12 @@ async def readyz(request: Request) -> JSONResponse:
     runtime: Runtime = request.app.state.runtime
     checks = await receiver_checks(runtime)
     failed = export_readiness(checks)
-    # Intake needs Postgres only: while RabbitMQ is away the outbox holds what
-    # arrives, so the receiver stays in rotation and reports itself degraded.
-    ready = "postgres" not in failed
-    status = "ok" if not failed else ("degraded" if ready else "unready")
-    return JSONResponse(
-        {"status": status, "failing": failed, "checks": checks}, status_code=200 if ready else 503
-    )
+    # The receiver stays in rotation whatever failed, and says which. While RabbitMQ is
+    # away the outbox holds what arrives. While Postgres is away each webhook is held as
+    # long as its platform waits, then answered 503 to be sent again: taken out of
+    # rotation, every receiver would leave the platforms to the load balancer's own 503,
+    # which holds nothing (README "When Postgres is down").
+    return JSONResponse({"status": "degraded" if failed else "ok", "failing": failed, "checks": checks})
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> int:
@@ -474,7 +482,8 @@ async def _json_body(request: Request) -> bytes:
 
 
 class _rejections:
-    """Count every 4xx a webhook endpoint answers, by platform."""
+    """Count every 4xx a webhook endpoint answers (rejected), and every 503 (unavailable),
+    by platform."""
 
     def __init__(self, platform: str) -> None:
         self.platform = platform
@@ -483,6 +492,9 @@ class _rejections:
         return None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        if isinstance(exc, ApiError):
+        if isinstance(exc, ApiError) and exc.status >= 500:
+            # Not the delivery's fault (Postgres away): the platform sends it again.
+            metrics.WEBHOOKS.labels(platform=self.platform, outcome="unavailable").inc()
+        elif isinstance(exc, ApiError):
             metrics.WEBHOOKS.labels(platform=self.platform, outcome="rejected").inc()
             logger.info("rejected %s webhook: %s %s", self.platform, exc.status, exc.code)
