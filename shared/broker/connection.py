@@ -122,9 +122,15 @@ class BrokerConnection:
         """A new channel and the connection it is on: what the caller hands to ``reset``
         when an error comes through that channel."""
         connection = await self.connect()
-        channel = await connection.channel(
-            publisher_confirms=publisher_confirms, on_return_raises=publisher_confirms
-        )
+        try:
+            channel = await connection.channel(
+                publisher_confirms=publisher_confirms, on_return_raises=publisher_confirms
+            )
+        except Exception:
+            # A connection that died unnoticed (aio-pika may report it open): dropped
+            # here, so the next caller gets a new one instead of the same failure.
+            await self.reset(connection)
+            raise
         return connection, channel
 
     async def reset(self, failed: AbstractConnection | None) -> None:

@@ -55,3 +55,25 @@ async def test_a_late_reset_by_one_user_leaves_the_connection_another_user_opene
         await proxy.close()
         await queue.delete(if_unused=False, if_empty=False)
         await admin.close()
+
+
+async def test_a_connection_that_died_unnoticed_is_dropped_when_a_channel_cannot_be_opened_on_it(
+    infra: Infra,
+) -> None:
+    """A reset needs the connection that failed; a caller whose channel could not even be
+    opened has none to give, so opening the channel drops it (else every caller would be
+    handed the same dead connection, again and again)."""
+    proxy = await TcpProxy("127.0.0.1", urlsplit(infra.amqp_url).port or 5672).start()
+    broker = BrokerConnection(via_proxy(infra.amqp_url, proxy.port), TEST_TOPOLOGY, name="unnoticed")
+    try:
+        first = await broker.connect()
+        proxy.block()
+        proxy.unblock()
+        with pytest.raises(Exception):  # noqa: B017 - whatever the dead connection raises
+            await asyncio.wait_for(broker.channel(), 10)
+        channel = await asyncio.wait_for(broker.channel(), 10)
+        assert not channel.is_closed
+        assert await broker.connect() is not first
+    finally:
+        await broker.close()
+        await proxy.close()
