@@ -5,7 +5,7 @@ a generic reply endpoint and an alert sink. They record what they receive and fa
 demand.
 
 **They cannot lie.** Every Telegram and Avito request is checked against the platforms'
-own reference documents (``tests/fakes/spec.py``, ``../shared/reference``): the method or
+own reference documents (``tests/fakes/spec.py``, ``tests/fakes/reference``): the method or
 path must exist, parameters and bodies must have the documented fields and types (text
 up to 4096 characters for Telegram, 1000 for Avito). A request the documents do not
 allow gets the platform's error answer and is recorded in ``FakeWorld.violations``; the
@@ -28,7 +28,8 @@ the client's timeout: the outcome is unknown to the caller), ``"garbage"`` (Avit
 endpoint: a 200 that is not JSON), ``"hang"`` (hold past the
 timeout and do nothing: as unknown to the caller, but nothing happened), ``"late:N"``
 (Avito send: hold past the timeout, and do the action N s after the request), ``"slow:N"``
-(answer after N s), ``"quota"`` (LLM: 429 insufficient_quota).
+(answer after N s), ``"ok"`` (this call goes through: queued before a failure of a later one),
+``"quota"`` (LLM: 429 insufficient_quota).
 Targets: telegram.send, telegram.webhook (setWebhook, deleteWebhook, getWebhookInfo),
 avito.send, avito.list (a chat's messages), avito.chats (the chat list), avito.chat (one
 chat), avito.read, avito.token, avito.webhook (subscribe, list, unsubscribe), generic.send, llm; ``telegram.send:<chat_id>`` fails only that chat's sends.
@@ -155,6 +156,26 @@ class FakeWorld:
     avito_callers: list[tuple[str, str | None, str | None]] = field(default_factory=list)
     #: False: the Avito account has no paid Messenger plan; every Messenger call is 403.
     avito_messenger_plan: bool = True
+    #: user_id -> the status every Messenger call of that account gets, whatever the
+    #: token (401: the account refuses this application; 402: "payment required").
+    avito_account_refusals: dict[str, int] = field(default_factory=dict)
+    #: How the message list answers: a bare array (the document's ``Messages``), or the
+    #: object public clients read from the live API, ``{"messages": [...], "meta": {...}}``
+    #: (and then the chat list carries a ``meta`` too).
+    avito_list_shape: str = "array"
+    #: client id -> the user_id ``/core/v1/accounts/self`` names for its tokens (unset: the
+    #: account ``avito_accounts`` gives the client, else 777).
+    avito_self: dict[str, int] = field(default_factory=dict)
+    #: Called with the echo webhook Avito delivers for every message the account sends
+    #: (author_id = user_id), before the send is answered: a test posts it to the receiver,
+    #: as Avito would (the echo can come before the send's own answer).
+    avito_echo: Callable[[dict[str, Any]], Awaitable[None]] | None = None
+    #: Every echo webhook made, in order (delivered or not).
+    avito_echoes: list[dict[str, Any]] = field(default_factory=list)
+    #: Telegram Business connections by id: ``is_enabled``, ``can_reply``, the owner's user id
+    #: and private chat (``business_connection``); a send through one disabled or without
+    #: ``can_reply`` is refused as Telegram refuses it.
+    telegram_business: dict[str, dict[str, Any]] = field(default_factory=dict)
     #: The Avito account's webhook subscriptions (URLs), in the order they were made.
     avito_subscriptions: list[str] = field(default_factory=list)
     #: (user_id, chat_id) -> the chat as Avito describes it (``add_avito_chat``), with two
@@ -176,6 +197,7 @@ class FakeWorld:
     violations: list[Violation] = field(default_factory=list)
     #: Actions scheduled to happen later ("late:N") that have not happened yet.
     pending_actions: int = 0
+    background: set[asyncio.Task[None]] = field(default_factory=set)
     ids: itertools.count = field(default_factory=lambda: itertools.count(1))
     url: str = ""
     #: Random failures once the queues are empty: target -> [(behaviour, probability)].
@@ -258,17 +280,24 @@ class FakeWorld:
         author_id: int = 555,
         kind: str = "text",
         message_id: str | None = None,
+        content: dict[str, Any] | None = None,
+        created: int | None = None,
     ) -> dict[str, Any]:
         """A buyer writes in an Avito chat (made when new): the message is in the chat's
         list, the chat unread; returns the webhook Avito would deliver for it (a test
-        posts it, late, or never)."""
+        posts it, late, or never). ``content``: the message's content as Avito gives it
+        for its ``kind`` (``avito_content``); by default ``{"text": text}``. ``author_id``
+        the account's own user id: a message the account wrote (its owner, an autoresponder,
+        Avito on its behalf)."""
         user_id = str(user_id)
         chat = self.avito_chats.get((user_id, chat_id))
         if chat is None:
             self.add_avito_chat(user_id, chat_id)
             chat = self.avito_chats[(user_id, chat_id)]
-        now = int(time.time())
+        now = int(time.time()) if created is None else created
         seq = next(self.ids)
+        if content is None:
+            content = {"text": text} if text is not None else {}
         message = {
             "id": message_id or f"in-{seq}",
             "seq": seq,
@@ -276,11 +305,11 @@ class FakeWorld:
             "chat_id": chat_id,
             "author_id": author_id,
             "type": kind,
-            "text": text,
+            "content": content,
             "created": now,
         }
         self.avito_inbox.append(message)
-        chat["unread"], chat["updated"] = True, now
+        chat["unread"], chat["updated"] = True, max(chat["updated"], now)
         return {
             "id": f"evt-{message['id']}",
             "version": "v3.0.0",
@@ -295,12 +324,42 @@ class FakeWorld:
                     "created": now,
                     "type": kind,
                     "chat_type": chat["chat_type"],
-                    "content": {"text": text} if text is not None else {},
+                    "content": content,
                     "item_id": chat["context"]["value"]["id"],
                     "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(now)),
                 },
             },
         }
+
+    def avito_self_id(self, client_id: str | None) -> int:
+        """The user_id ``/core/v1/accounts/self`` names for a token of this client."""
+        if client_id in self.avito_self:
+            return self.avito_self[client_id]
+        owned = [int(u) for u, c in self.avito_accounts.items() if c == client_id]
+        return owned[0] if owned else 777
+
+    def business_connection(
+        self,
+        connection_id: str,
+        *,
+        owner: int = 9009,
+        enabled: bool = True,
+        can_reply: bool = True,
+        date: int | None = None,
+    ) -> dict[str, Any]:
+        """A Telegram Business account connects (or changes) this bot: the connection as
+        Telegram keeps it; returns the BusinessConnection a ``business_connection`` update
+        carries."""
+        connection = {
+            "id": connection_id,
+            "user": {"id": owner, "is_bot": False, "first_name": "Shop owner"},
+            "user_chat_id": owner,
+            "date": int(time.time()) if date is None else date,
+            "rights": {"can_reply": can_reply, "can_read_messages": True},
+            "is_enabled": enabled,
+        }
+        self.telegram_business[connection_id] = connection
+        return connection
 
     def replies_to(self, chat_id: str) -> list[str]:
         """Every reply any platform received for this chat, in order."""
@@ -337,6 +396,8 @@ async def _before(
 ) -> tuple[str | None, JSONResponse | None]:
     """Apply a queued behaviour. Returns (behaviour, response to send instead)."""
     b = world.take(target, chat)
+    if b == "ok":  # queued to let this call through, and fail a later one
+        return None, None
     if b is None or b in ("lost", "garbage") or b.startswith("late:"):
         return b, None
     if b == "hang":
@@ -380,7 +441,19 @@ def _ok(result: Any, description: str | None = None) -> JSONResponse:
     return JSONResponse(body)
 
 
+#: Telegram's refusals of a send through a business connection it will not use: turned
+#: off by the business account, or without the right to reply.
+BUSINESS_DISABLED = "Bad Request: BUSINESS_CONNECTION_INVALID"
+BUSINESS_NO_REPLY = "Forbidden: BUSINESS_CONNECTION_NOT_ALLOWED"
+
+
 async def _telegram_send(world: FakeWorld, token: str, params: dict[str, Any], b: str | None) -> JSONResponse:
+    connection = params.get("business_connection_id")
+    known = world.telegram_business.get(connection) if connection is not None else None
+    if known is not None and not known["is_enabled"]:
+        return telegram_error(400, BUSINESS_DISABLED)
+    if known is not None and not known["rights"].get("can_reply"):
+        return telegram_error(403, BUSINESS_NO_REPLY)
     message_id = next(world.ids)
     sent = {
         "chat_id": params["chat_id"],
@@ -388,9 +461,11 @@ async def _telegram_send(world: FakeWorld, token: str, params: dict[str, Any], b
         "message_id": message_id,
         "bot": world.telegram_bot(token).user["id"],
     }
-    connection = params.get("business_connection_id")
     if connection is not None:
         sent["business_connection_id"] = connection
+    thread = params.get("message_thread_id")
+    if thread is not None:
+        sent["message_thread_id"] = thread
     world.telegram.append(sent)
     if b == "lost":
         await asyncio.sleep(LOST_SECONDS)
@@ -408,7 +483,18 @@ async def _telegram_send(world: FakeWorld, token: str, params: dict[str, Any], b
             "business_connection_id": connection,
             "sender_business_bot": world.telegram_bot(token).user,
         }
+    if thread is not None:
+        message |= {"message_thread_id": thread, "is_topic_message": True}
     return _ok(message)
+
+
+async def _telegram_business_connection(
+    world: FakeWorld, token: str, params: dict[str, Any], b: str | None
+) -> JSONResponse:
+    known = world.telegram_business.get(params["business_connection_id"])
+    if known is None:
+        return telegram_error(400, "Bad Request: business connection not found")
+    return _ok(known)
 
 
 async def _telegram_get_me(
@@ -494,6 +580,7 @@ async def _telegram_webhook_info(
 TELEGRAM_METHODS: dict[str, tuple[str | None, TelegramHandler]] = {
     "sendMessage": ("telegram.send", _telegram_send),
     "getMe": (None, _telegram_get_me),
+    "getBusinessConnection": ("telegram.business", _telegram_business_connection),
     "setWebhook": ("telegram.webhook", _telegram_set_webhook),
     "deleteWebhook": ("telegram.webhook", _telegram_delete_webhook),
     "getWebhookInfo": ("telegram.webhook", _telegram_webhook_info),
@@ -615,15 +702,18 @@ async def _avito_send(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSO
 
     if b is not None and b.startswith("late:"):
         # The send lands N s after the request, while the caller has long timed out.
-        def land() -> None:
-            create()
+        async def land() -> None:
+            await asyncio.sleep(float(b.split(":", 1)[1]))
+            await _avito_echo(world, create())
             world.pending_actions -= 1
 
         world.pending_actions += 1
-        asyncio.get_running_loop().call_later(float(b.split(":", 1)[1]), land)
+        world.background.add(task := asyncio.get_running_loop().create_task(land()))
+        task.add_done_callback(world.background.discard)
         await asyncio.sleep(LOST_SECONDS)
         return avito_error(504)
     message = create()
+    await _avito_echo(world, message)
     if b == "lost":
         await asyncio.sleep(LOST_SECONDS)
     return JSONResponse(
@@ -635,6 +725,32 @@ async def _avito_send(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSO
             "content": {"text": message["text"]},
         }
     )
+
+
+async def _avito_echo(world: FakeWorld, message: dict[str, Any]) -> None:
+    """The webhook Avito delivers for a message the account sent (author_id = user_id)."""
+    echo = {
+        "id": f"evt-{message['id']}",
+        "version": "v3.0.0",
+        "timestamp": message["created"],
+        "payload": {
+            "type": "message",
+            "value": {
+                "id": message["id"],
+                "chat_id": message["chat_id"],
+                "user_id": int(message["user_id"]),
+                "author_id": int(message["user_id"]),
+                "created": message["created"],
+                "type": "text",
+                "chat_type": "u2i",
+                "content": {"text": message["text"]},
+                "published_at": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(message["created"])),
+            },
+        },
+    }
+    world.avito_echoes.append(echo)
+    if world.avito_echo is not None:
+        await world.avito_echo(echo)
 
 
 def _avito_messages(world: FakeWorld, user_id: str, chat_id: str) -> list[dict[str, Any]]:
@@ -665,9 +781,9 @@ def _avito_messages(world: FakeWorld, user_id: str, chat_id: str) -> list[dict[s
                 "id": m["id"],
                 "author_id": m["author_id"],
                 "created": m["created"],
-                "direction": "in",
+                "direction": "out" if str(m["author_id"]) == user_id else "in",
                 "type": m["type"],
-                "content": {"text": m["text"]} if m["text"] is not None else {},
+                "content": m["content"],
                 "is_read": not unread,
             },
         )
@@ -681,8 +797,13 @@ def _avito_messages(world: FakeWorld, user_id: str, chat_id: str) -> list[dict[s
 async def _avito_list(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
     user_id, chat_id = str(check.path_params["user_id"]), str(check.path_params["chat_id"])
     offset, limit = check.query.get("offset", 0), check.query.get("limit", 100)
-    # A bare array, newest first (Avito's ``Messages`` schema), one page of it.
-    return JSONResponse(_avito_messages(world, user_id, chat_id)[offset : offset + limit])
+    # Newest first, one page: a bare array (Avito's ``Messages`` schema), or the object
+    # public clients read from the live API (avito-observed-openapi.json).
+    listed = _avito_messages(world, user_id, chat_id)
+    page = listed[offset : offset + limit]
+    if world.avito_list_shape == "object":
+        return JSONResponse({"messages": page, "meta": {"has_more": offset + limit < len(listed)}})
+    return JSONResponse(page)
 
 
 def _chat(world: FakeWorld, user_id: str, chat: dict[str, Any]) -> dict[str, Any]:
@@ -706,7 +827,10 @@ async def _avito_chats(world: FakeWorld, check: AvitoCheck, b: str | None) -> JS
     ]
     chats.sort(key=lambda c: c["updated"], reverse=True)
     offset, limit = check.query.get("offset", 0), check.query.get("limit", 100)
-    return JSONResponse({"chats": [_chat(world, user_id, c) for c in chats[offset : offset + limit]]})
+    body: dict[str, Any] = {"chats": [_chat(world, user_id, c) for c in chats[offset : offset + limit]]}
+    if world.avito_list_shape == "object":
+        body["meta"] = {"has_more": offset + limit < len(chats)}
+    return JSONResponse(body)
 
 
 async def _avito_chat(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
@@ -743,8 +867,20 @@ async def _avito_unsubscribe(world: FakeWorld, check: AvitoCheck, b: str | None)
     return JSONResponse({"ok": True})
 
 
+async def _avito_self(world: FakeWorld, check: AvitoCheck, b: str | None) -> JSONResponse:
+    user_id = world.avito_self_id(check.client_id)
+    return JSONResponse(
+        {
+            "id": user_id,
+            "name": f"Shop {user_id}",
+            "profile_url": f"https://www.avito.ru/user/{user_id}/profile",
+        }
+    )
+
+
 #: What the fake implements: operationId -> (fault target, handler).
 AVITO_OPERATIONS: dict[str, tuple[str | None, AvitoHandler]] = {
+    "getUserInfoSelf": ("avito.self", _avito_self),
     "getAccessToken": ("avito.token", _avito_token),
     "postSendMessage": ("avito.send", _avito_send),
     "getMessagesV3": ("avito.list", _avito_list),
@@ -784,7 +920,7 @@ def _avito_routes(app: FastAPI, world: FakeWorld) -> None:
         if op.operation_id not in AVITO_PUBLIC:
             auth = request.headers.get("authorization", "")
             if not (auth.startswith("Bearer ") and auth[7:] in world.avito_tokens):
-                # An expired or unknown token gives 403 (../shared/platforms.md).
+                # An expired or unknown token gives 403 (docs/platforms.md).
                 return avito_error(403)
             user = check.path_params.get("user_id")
             world.avito_callers.append(
@@ -794,7 +930,13 @@ def _avito_routes(app: FastAPI, world: FakeWorld) -> None:
                     world.avito_token_clients.get(auth[7:]),
                 )
             )
-            if not world.avito_messenger_plan:
+            check.client_id = world.avito_token_clients.get(auth[7:])
+            refused = world.avito_account_refusals.get(str(user)) if user is not None else None
+            if refused is not None:
+                # The account as a whole: 401 (it refuses this application whatever the
+                # token), 402 (payment required).
+                return avito_error(refused)
+            if not world.avito_messenger_plan and op.operation_id != "getUserInfoSelf":
                 # The account has no paid Messenger plan: Avito refuses the Messenger API.
                 return avito_error(403)
             owner = world.avito_accounts.get(str(check.path_params.get("user_id")))
@@ -809,7 +951,7 @@ def _avito_routes(app: FastAPI, world: FakeWorld) -> None:
             world.violated("avito", f"answer to {op.operation_id}", answer_problems)
         return response
 
-    for prefix in ("/token{rest:path}", "/messenger/{rest:path}"):
+    for prefix in ("/token{rest:path}", "/messenger/{rest:path}", "/core/{rest:path}"):
         app.add_api_route(prefix, avito, methods=["GET", "POST", "PUT", "PATCH", "DELETE"])
 
 

@@ -1,11 +1,17 @@
 """The platforms' own reference documents as validators, so the fakes cannot accept what
 the real platforms refuse, nor answer what they never would.
 
-The documents live beside the checkout, in ``../shared/reference`` (its README says
-where each comes from): Avito's OpenAPI documents for the Messenger and Authorization
-APIs, and the Telegram Bot API as data (every method and type, with field types and
-whether each is required). A missing directory is an error, never a silent skip: a fake
-that validates nothing would pass every test.
+The documents are the project's own copy, in ``tests/fakes/reference`` (its README says
+where each comes from and under which terms): Avito's OpenAPI documents for the Messenger
+and Authorization APIs, and the Telegram Bot API as data (every method and type, with
+field types and whether each is required). A missing directory is an error, never a silent
+skip: a fake that validates nothing would pass every test.
+
+Where real traffic and the public clients that talk to the live API every day show more
+than Avito's documents (an object-shaped message list, ``/core/v1/accounts/self``, the
+token path with a trailing slash), ``avito-observed-openapi.json`` beside them says so,
+with the evidence for each; the fakes allow what it adds, and nothing else beyond the
+documents.
 
 Everything here is pure: a request or an answer goes in, a list of problems comes out
 (empty when the document allows it). ``tests/fakes/platforms.py`` applies it to every
@@ -26,8 +32,11 @@ from urllib.parse import parse_qs
 
 from jsonschema import Draft7Validator
 
-REFERENCE_DIR = Path(__file__).resolve().parents[2].parent / "shared" / "reference"
+REFERENCE_DIR = Path(__file__).resolve().parent / "reference"
 AVITO_DOCUMENTS = ("avito-messenger-openapi.json", "avito-auth-openapi.json")
+#: What real traffic and public clients show beyond Avito's documents (see the module's
+#: docstring): paths and answers of its own, and ``x-chatq-observed`` amendments.
+AVITO_OBSERVED = "avito-observed-openapi.json"
 TELEGRAM_DOCUMENT = "telegram-bot-api.json"
 
 
@@ -36,12 +45,12 @@ class ReferenceMissing(RuntimeError):
 
 
 def reference_dir(path: Path = REFERENCE_DIR) -> Path:
-    missing = [n for n in (*AVITO_DOCUMENTS, TELEGRAM_DOCUMENT) if not (path / n).is_file()]
+    missing = [n for n in (*AVITO_DOCUMENTS, AVITO_OBSERVED, TELEGRAM_DOCUMENT) if not (path / n).is_file()]
     if missing:
         raise ReferenceMissing(
             f"the platforms' reference documents are missing from {path}: {', '.join(missing)}. "
-            "The fakes validate every request against them; check out the shared directory "
-            "beside this repository (../shared/reference)."
+            "The fakes validate every request against them; they are part of the repository "
+            "(tests/fakes/reference): restore them from git."
         )
     return path
 
@@ -97,6 +106,15 @@ def _apply_errata(doc: dict[str, Any]) -> dict[str, Any]:
             for p in parents:
                 target = target[p]
             target[key] = value
+    return doc
+
+
+def _apply_observed_properties(doc: dict[str, Any], additions: Mapping[str, Any]) -> dict[str, Any]:
+    """Properties a schema is seen with beyond its document (``schema-properties``)."""
+    schemas = doc.get("components", {}).get("schemas", {})
+    for name, addition in additions.items():
+        if name in schemas:
+            schemas[name].setdefault("properties", {}).update(addition["properties"])
     return doc
 
 
@@ -170,6 +188,8 @@ class AvitoCheck:
     unauthenticated: bool = False
     #: The documented query parameters given, read as their schemas' types.
     query: dict[str, Any] = field(default_factory=dict)
+    #: The client id the request's token was issued to (set by the fake, which issued it).
+    client_id: str | None = None
 
 
 def _coerce(value: str, schema: Mapping[str, Any]) -> Any:
@@ -189,13 +209,23 @@ def _coerce(value: str, schema: Mapping[str, Any]) -> Any:
 
 
 class OpenApiSpec:
-    """Avito's Messenger and Authorization APIs from their OpenAPI documents."""
+    """Avito's Messenger and Authorization APIs from their OpenAPI documents, with what
+    ``observed`` (``avito-observed-openapi.json``) adds: its own paths, and its
+    ``x-chatq-observed`` amendments (path aliases, other shapes of an answer, properties a
+    schema is seen with)."""
 
-    def __init__(self, documents: Iterable[Mapping[str, Any]]) -> None:
+    def __init__(
+        self, documents: Iterable[Mapping[str, Any]], observed: Mapping[str, Any] | None = None
+    ) -> None:
         self.operations: list[Operation] = []
         self._error_schema: dict[str, Any] = {}
-        for raw in documents:
-            doc = _apply_errata(dict(raw))
+        amendments: Mapping[str, Any] = (observed or {}).get("x-chatq-observed", {})
+        #: A path as sent -> the documented path it is (Avito's token path with a slash).
+        self.aliases: dict[str, str] = {k: v["to"] for k, v in amendments.get("path-aliases", {}).items()}
+        for raw in [*documents, *([observed] if observed is not None else [])]:
+            doc = _apply_observed_properties(
+                _apply_errata(dict(raw)), amendments.get("schema-properties", {})
+            )
             for raw_path, item in doc["paths"].items():
                 # Avito lists several operations on one path by adding invisible marks
                 # (U+200E) to the key: they are the same path on the wire.
@@ -212,6 +242,20 @@ class OpenApiSpec:
                 self._error_schema = {**error, "required": ["error"]}
         # A concrete path wins over a template that also matches it (OpenAPI's rule).
         self.operations.sort(key=lambda o: (o.template.count("{"), o.template))
+        for op_id, answers in amendments.get("answer-alternatives", {}).items():
+            for op in self.operations:
+                if op.operation_id != op_id:
+                    continue
+                for status, alt in answers.items():
+                    documented = op.responses[status]
+                    assert documented is not None, f"{op_id} {status} documents no body to wrap"
+                    wrapped = {
+                        "type": "object",
+                        "properties": {alt["wrap"]: documented, **alt.get("extra", {})},
+                        "required": [alt["wrap"]],
+                        "additionalProperties": False,
+                    }
+                    op.responses[status] = {"anyOf": [documented, wrapped]}  # type: ignore[index]  # a dict
 
     @staticmethod
     def _operation(
@@ -242,6 +286,7 @@ class OpenApiSpec:
 
     def match(self, method: str, path: str) -> tuple[list[Operation], dict[str, str]]:
         """The operations ``method path`` may be, and its path parameters as text."""
+        path = self.aliases.get(path, path)
         found: list[Operation] = []
         values: dict[str, str] = {}
         for op in self.operations:
@@ -561,7 +606,7 @@ def telegram_form_value(value: str, types: list[str]) -> Any:
 
 @functools.cache
 def avito_spec() -> OpenApiSpec:
-    return OpenApiSpec(_load(name) for name in AVITO_DOCUMENTS)
+    return OpenApiSpec((_load(name) for name in AVITO_DOCUMENTS), _load(AVITO_OBSERVED))
 
 
 @functools.cache

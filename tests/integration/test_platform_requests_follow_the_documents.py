@@ -1,6 +1,6 @@
 """Every request the project sends to Telegram and Avito is one their own documents allow.
 
-The fakes check each request they receive against ../shared/reference (and each answer
+The fakes check each request they receive against tests/fakes/reference (and each answer
 they give); the ``world`` fixture fails a test whose code sent anything the documents do
 not allow. This test drives every kind of request the code can make — the responder's
 adapters (send, reconciliation listing, token refresh, at the platforms' length limits)

@@ -89,7 +89,7 @@ async def test_a_telegram_5xx_on_a_send_goes_to_a_person_instead_of_a_blind_rese
     pipeline: Pipeline, world: FakeWorld
 ) -> None:
     # Telegram has no idempotency key and no way to list a bot's messages: only failures
-    # before the request reached it, and 429s, are retried (../shared/platforms.md).
+    # before the request reached it, and 429s, are retried (docs/platforms.md).
     world.fail("telegram.send", "503")
     op = await pipeline.telegram(2, 43, "Still available?")
     doc = await pipeline.settled(op)

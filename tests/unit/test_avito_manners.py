@@ -17,7 +17,7 @@ from services.responder.llm import (
     listing_text,
     parse_facts,
 )
-from services.responder.platforms.avito import listing_of, next_offset, since_last_answer
+from services.responder.platforms.avito import listing_of, message_list, next_offset, since_last_answer
 from services.responder.platforms.base import Listing
 
 pytestmark = pytest.mark.unit
@@ -35,6 +35,15 @@ def msg(id_: str, created: int, *, direction: str = "in", author: int = 555, **e
         "content": {"text": f"text of {id_}"},
         **extra,
     }
+
+
+def test_the_message_list_is_read_as_a_bare_array_or_as_an_object_with_meta() -> None:
+    items = [msg("a", 2), msg("b", 1)]
+    assert message_list(items) == items
+    assert message_list({"messages": items, "meta": {"has_more": False}}) == items
+    assert message_list({"messages": []}) == []
+    for unknown in ({"items": items}, {"messages": "a"}, [1, 2], "x", None):
+        assert message_list(unknown) is None
 
 
 def test_a_full_page_asks_for_the_next_and_a_short_one_ends_the_list() -> None:

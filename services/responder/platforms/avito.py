@@ -216,8 +216,8 @@ class AvitoPlatform:
         raise_for(response, _detail(response))
 
     async def find_sent(self, query: SentQuery) -> Sent | None:
-        """Our reply of an interrupted send, in the chat's latest messages (a bare JSON array,
-        newest first, per Avito's ``Messages`` schema): an outgoing message with the job's
+        """Our reply of an interrupted send, in the chat's latest messages (newest first, in
+        either shape the list comes in: ``message_list``): an outgoing message with the job's
         text, not one recorded for another job, created while one of the job's attempts
         could have sent it — from the first attempt that may have sent, to the latest
         attempt's start plus the request timeout (and clock skew either way). Until that
@@ -236,10 +236,10 @@ class AvitoPlatform:
         )
         raise_for(response, _detail(response))
         try:
-            items = response.json()
+            items = message_list(response.json())
         except ValueError:
             raise Failure(Kind.UNKNOWN, "Avito's message list is not JSON") from None
-        if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        if items is None:
             raise Failure(Kind.UNKNOWN, "Avito's message list has a shape we do not know")
         times = [c for c in (i.get("created") for i in items) if _is_time(c)]
         if len(items) >= LIST_LIMIT and not (
@@ -299,7 +299,9 @@ class AvitoPlatform:
                 account_id, "GET", url, params={"limit": LIST_LIMIT, "offset": offset}
             )
             raise_for(response, _detail(response))
-            page = _objects(_json(response, "message list"), "message list")
+            page = message_list(_json(response, "message list"))
+            if page is None:
+                raise Failure(Kind.TRANSIENT, "Avito's message list has a shape we do not know")
             items += page
             found, reached = since_last_answer(items, account_id, since, ours)
             offset = None if reached else next_offset(offset, len(page))
@@ -340,6 +342,18 @@ def _detail(response: Answer) -> str:
         return response.text[:200]
     err = body.get("error", body) if isinstance(body, dict) else body
     return str(err.get("message", err) if isinstance(err, dict) else err)[:200]
+
+
+def message_list(body: object) -> list[dict[str, Any]] | None:
+    """A chat's messages from the message list's answer, in either shape it comes in: the
+    bare array Avito's document describes (``Messages``), or the object public clients read
+    from the live API, ``{"messages": [...], "meta": {...}}``. None for anything else. Paging
+    goes by the page's length either way (``next_offset``): what ``meta`` holds is not
+    documented."""
+    items = body.get("messages") if isinstance(body, dict) else body
+    if not isinstance(items, list) or not all(isinstance(i, dict) for i in items):
+        return None
+    return items
 
 
 def _is_time(value: object) -> TypeGuard[float]:

@@ -58,7 +58,7 @@ class TelegramPlatform:
         if status >= 500:
             # No idempotency key and no way to list the bot's messages: a server error after
             # the request reached Telegram may come after the message was sent. Retry only
-            # what never left and 429s (../shared/platforms.md); this goes to a person.
+            # what never left and 429s (docs/platforms.md); this goes to a person.
             raise Failure(
                 Kind.UNKNOWN, f"Telegram answered HTTP {status}; the message may have been sent ({detail})"
             )
