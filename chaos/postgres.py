@@ -69,7 +69,10 @@ class PrivatePostgres:
         self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "stop")
 
     def restart(self) -> None:
-        self._run("pg_ctl", "-D", str(self.data), "-m", "fast", "-w", "-t", "60", "restart")
+        """Stop, then start: ``pg_ctl restart`` starts the server without ``-l``, on
+        pg_ctl's own output, which then never closes."""
+        self.stop()
+        self.start()
 
     def remove(self) -> None:
         """Stop it (if it runs) and delete its directory."""
