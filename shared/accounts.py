@@ -53,6 +53,7 @@ OVERRIDES = (
     "reply_delay_max_seconds",
     "takeover_seconds",
     "rate_per_second",
+    "unreadable_messages",
 )
 
 #: The credentials each platform's account takes, and which of them it needs.

@@ -314,7 +314,7 @@ def _accounts(api: Api, args: argparse.Namespace) -> str:
                     overrides["facts"] = fh.read()
             except OSError as exc:
                 raise CliError(EXIT_USAGE, f"cannot read {args.facts_file}: {exc.strerror}") from None
-        for key in ("llm_model", "prompt", "takeover_seconds", "rate_per_second"):
+        for key in ("llm_model", "prompt", "takeover_seconds", "rate_per_second", "unreadable_messages"):
             if getattr(args, key) is not None:
                 overrides[key] = getattr(args, key)
         if args.reply_delay:
@@ -480,6 +480,11 @@ def parser() -> argparse.ArgumentParser:
     s.add_argument("--reply-delay", help="MIN,MAX seconds before a reply")
     s.add_argument("--takeover-seconds", type=float)
     s.add_argument("--rate-per-second", type=float, help="this account's send pace")
+    s.add_argument(
+        "--unreadable-messages",
+        choices=["person", "answer"],
+        help="a voice note or file without words: hand it to a person, or let the bot answer it",
+    )
     s.add_argument("--reason", help="pause: why (shown with the account)")
     s.add_argument("--by", help="pause: who")
     s.add_argument("--removed", action="store_true", help="list: removed accounts too")

@@ -15,8 +15,7 @@ import httpx
 
 from services.receiver.webhooks.telegram import answered_updates
 from shared.platform_admin import (
-    AVITO_NO_PLAN,
-    AVITO_NO_PLAN_FIX,
+    AVITO_REFUSALS,
     AVITO_WEBHOOK_PATH,
     TELEGRAM_WEBHOOK_PATH,
     AvitoAdmin,
@@ -74,9 +73,10 @@ def _refused(exc: PlatformError) -> ConnectError:
             "Telegram refused the bot token (401 Unauthorized): it was revoked or mistyped; "
             "get the current one from @BotFather and set CHATQ_TELEGRAM_BOT_TOKEN"
         )
-    if exc.platform == "Avito" and exc.status == 403 and exc.call != "token":
+    if exc.platform == "Avito" and exc.status in AVITO_REFUSALS and exc.call != "token":
+        why, fix = AVITO_REFUSALS[exc.status]
         return ConnectError(
-            f"Avito refused the Messenger API (HTTP 403: {exc.detail}): {AVITO_NO_PLAN}; {AVITO_NO_PLAN_FIX}"
+            f"Avito refused the Messenger API (HTTP {exc.status}: {exc.detail}): {why}; {fix}"
         )
     return ConnectError(str(exc))
 

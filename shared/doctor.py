@@ -25,8 +25,7 @@ from shared.broker.topology import build_topology
 from shared.connect import avito_webhook_url, telegram_webhook_url
 from shared.migrate import MigrationError, pending
 from shared.platform_admin import (
-    AVITO_NO_PLAN,
-    AVITO_NO_PLAN_FIX,
+    AVITO_REFUSALS,
     AvitoAdmin,
     PlatformError,
     TelegramAdmin,
@@ -305,26 +304,49 @@ async def check_avito(settings: Settings, client: httpx.AsyncClient) -> list[Che
                 "check CHATQ_AVITO_CLIENT_ID and CHATQ_AVITO_CLIENT_SECRET against the application at "
                 "https://www.avito.ru/professionals/api",
             ),
+            skipped("avito account", "no access token"),
             skipped("avito messenger", "no access token"),
             skipped("avito webhook", "no access token"),
         ]
     token_check = ok("avito token", "client credentials accepted")
     try:
+        me = await api.account()
+        account = ok(
+            "avito account",
+            f"the credentials are account {me['id']}"
+            + (f" ({me['name']})" if me.get("name") else "")
+            + ": polled from the first start, before any webhook",
+        )
+    except PlatformError as exc:
+        account = fail(
+            "avito account",
+            f"Avito did not name the account behind the credentials ({exc})",
+            "the poll for lost webhooks starts with the account's first webhook instead; "
+            "run `chatq doctor` again, and check the application's access at https://www.avito.ru/professionals/api",
+        )
+    try:
         subscriptions = await api.subscriptions()
     except PlatformError as exc:
-        if exc.status == 403:
+        why, fix = AVITO_REFUSALS.get(exc.status or 0, ("", ""))
+        if why:
             messenger = fail(
                 "avito messenger",
-                f"Avito refused the Messenger API with a fresh token (HTTP 403: {exc.detail}): {AVITO_NO_PLAN}",
-                AVITO_NO_PLAN_FIX,
+                f"Avito refused the Messenger API with a fresh token (HTTP {exc.status}: {exc.detail}): {why}",
+                fix,
             )
         else:
             messenger = fail(
                 "avito messenger", f"the Messenger API did not answer ({exc})", "run `chatq doctor` again"
             )
-        return [token_check, messenger, skipped("avito webhook", "the Messenger API is not available")]
+        return [
+            token_check,
+            account,
+            messenger,
+            skipped("avito webhook", "the Messenger API is not available"),
+        ]
     return [
         token_check,
+        account,
         ok("avito messenger", "the Messenger API answers"),
         _avito_webhook(settings, subscriptions),
     ]
@@ -390,6 +412,26 @@ async def check_model(settings: Settings, client: httpx.AsyncClient) -> Check:
     return ok("model", f"{where}; model {settings.llm_model}")
 
 
+async def check_generic(settings: Settings, client: httpx.AsyncClient) -> Check:
+    """The generic reply endpoint takes our signature: a signed probe, as the responder sends
+    a paused account's endpoint."""
+    from services.responder.failures import Failure
+    from services.responder.platforms.generic import GenericPlatform
+    from services.responder.ratelimit import AccountRateLimiter
+
+    if not settings.generic_reply_url:
+        return skipped("generic reply", "CHATQ_GENERIC_REPLY_URL is not set: generic replies are off")
+    secret = settings.generic_reply_secret.get_secret_value() if settings.generic_reply_secret else None
+    where = masked_url(settings.generic_reply_url)
+    try:
+        await GenericPlatform(settings.generic_reply_url, secret, client, AccountRateLimiter(1.0)).probe(
+            "doctor"
+        )
+    except Failure as failure:
+        return fail("generic reply", f"{where}: {failure.reason}", "fix it, then run `chatq doctor` again")
+    return ok("generic reply", f"{where} accepts our signed requests")
+
+
 async def check_alerts(settings: Settings, client: httpx.AsyncClient) -> Check:
     if not settings.alert_webhook_url:
         return skipped(
@@ -414,6 +456,7 @@ async def run_checks(settings: Settings, *, clock: Callable[[], float] = time.ti
     async with httpx.AsyncClient(timeout=TIMEOUT_SECONDS) as client:
         checks += await check_telegram(settings, client, clock())
         checks += await check_avito(settings, client)
+        checks.append(await check_generic(settings, client))
         checks.append(await check_model(settings, client))
         checks.append(await check_alerts(settings, client))
     return checks

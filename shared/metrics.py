@@ -139,7 +139,21 @@ WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "unavailable
 # The responder's retry reasons (RetryLater kinds in services/responder/handler.py; a
 # unit test keeps the two lists equal): "<stage>_transient" for the model and each
 # platform, and the reasons that are not a stage's failure.
-RETRY_REASONS = ("unknown_outcome", "reconcile", "reconcile_wait", "account_paused", "busy")
+SETTLED_BY_ECHO = Counter(
+    "chatq_sends_settled_by_echo_total",
+    "Sends whose answer was lost that the platform's echo of the reply showed were sent, by platform "
+    "(before a person was asked, by the responder; after, by the receiver).",
+    ["platform"],
+)
+RETRY_REASONS = (
+    "unknown_outcome",
+    "reconcile",
+    "reconcile_wait",
+    "account_paused",
+    "connection_paused",
+    "echo_wait",
+    "busy",
+)
 
 
 def create_known_series(service: str, platforms: Iterable[str] = ()) -> None:

@@ -29,6 +29,22 @@ AVITO_NO_PLAN_FIX = (
 )
 
 
+#: What each refusal of the whole Avito account means, and its fix (chatq doctor and
+#: connect; the responder pauses the account for each with the same words).
+AVITO_REFUSALS: dict[int, tuple[str, str]] = {
+    401: (
+        "the account refuses this application (the token is fresh)",
+        "the Avito account's owner must grant the application access to the Messenger API again "
+        "(https://www.avito.ru/professionals/api), or the client credentials belong to another account",
+    ),
+    402: (
+        "payment required: the account's subscription does not include the Messenger API or has run out",
+        "renew the Avito subscription that includes the Messenger API, then run `chatq doctor` again",
+    ),
+    403: (AVITO_NO_PLAN, AVITO_NO_PLAN_FIX),
+}
+
+
 class PlatformError(Exception):
     """A platform call that did not work: ``status`` is the HTTP status (None: no answer)."""
 
@@ -139,9 +155,9 @@ class AvitoAdmin:
         self._client = client
         self._token: str | None = None
 
-    async def _request(self, call: str, path: str, **kwargs: Any) -> Any:
+    async def _request(self, call: str, path: str, *, method: str = "POST", **kwargs: Any) -> Any:
         try:
-            response = await self._client.post(f"{self._base}{path}", **kwargs)
+            response = await self._client.request(method, f"{self._base}{path}", **kwargs)
         except httpx.HTTPError as exc:
             raise PlatformError("Avito", call, None, f"no answer ({type(exc).__name__})") from None
         body = _json(response)
@@ -169,6 +185,15 @@ class AvitoAdmin:
         if body is None:
             return await self._request(call, path, headers=headers)
         return await self._request(call, path, headers=headers, json=body)
+
+    async def account(self) -> dict[str, Any]:
+        """The account these credentials belong to (``GET /core/v1/accounts/self``): its
+        ``id`` is the user_id every Messenger path takes."""
+        headers = {"Authorization": f"Bearer {await self.token()}"}
+        body = await self._request("accounts/self", "/core/v1/accounts/self", method="GET", headers=headers)
+        if not isinstance(body, dict) or not isinstance(body.get("id"), int):
+            raise PlatformError("Avito", "accounts/self", 200, "the answer carries no account id")
+        return body
 
     async def subscriptions(self) -> list[str]:
         body = await self._messenger("subscriptions", "/messenger/v1/subscriptions")

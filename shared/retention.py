@@ -94,6 +94,18 @@ _STEPS: tuple[tuple[str, str], ...] = (
         "DELETE FROM dead_letters WHERE id IN "
         "(SELECT id FROM dead_letters WHERE recorded_at < $1 ORDER BY recorded_at LIMIT $2)",
     ),
+    (
+        # An echo settles a send of the minutes around it; kept as long as the rest.
+        "reply_echoes",
+        "DELETE FROM reply_echoes WHERE (chat_key, platform_message_id) IN "
+        "(SELECT chat_key, platform_message_id FROM reply_echoes WHERE seen_at < $1 ORDER BY seen_at LIMIT $2)",
+    ),
+    (
+        # A chat not read by the poll since: it is read again if Avito lists it as updated.
+        "avito_poll_chats",
+        "DELETE FROM avito_poll_chats WHERE (account_id, chat_id) IN "
+        "(SELECT account_id, chat_id FROM avito_poll_chats WHERE read_at < $1 ORDER BY read_at LIMIT $2)",
+    ),
 )
 
 

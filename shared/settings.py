@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import ipaddress
 import math
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import unquote, urlsplit
 
 from pydantic import Field, SecretStr, field_validator, model_validator
@@ -152,6 +152,12 @@ class Settings(BaseSettings):
     # How often one receiver replica reads the Avito accounts' unread chats for buyer
     # messages whose webhook never came (0: never; also once at start-up).
     avito_poll_seconds: float = Field(default=60.0, ge=0)
+    # When an Avito account is first polled (connected), only buyer messages this recent are
+    # answered; older ones are recorded and left to the seller (0: none).
+    avito_backfill_seconds: float = Field(default=3600.0, ge=0, le=86400)
+    # One request budget per Avito account, shared by the poll and the sends of every
+    # process (Avito counts per minute; X-RateLimit-Limit, when Avito states it, wins).
+    avito_requests_per_minute: int = Field(default=60, ge=1, le=100_000)
     generic_webhook_secret: SecretStr | None = None
     generic_reply_url: str | None = None
     generic_reply_secret: SecretStr | None = None
@@ -175,6 +181,10 @@ class Settings(BaseSettings):
     facts_dir: str | None = None
     # The answer to a Telegram bot command (/start), sent without asking the model.
     greeting: str = DEFAULT_GREETING
+    # A message the bot cannot read alone (a voice note or a file without words): 'person'
+    # hands it to a person (needs_review, with the reason); 'answer' lets the bot answer its
+    # placeholder ("[voice message, 12 s]"), e.g. asking the buyer to write. Per account too.
+    unreadable_messages: Literal["person", "answer"] = "person"
 
     # Coalescing (design section 4)
     quiet_seconds: float = Field(default=8.0, ge=0)
@@ -212,6 +222,10 @@ class Settings(BaseSettings):
     account_jobs_in_flight: int = Field(default=16, ge=0, le=100_000)
     # An account the platform refused as a whole is asked again this often.
     account_probe_seconds: float = Field(default=60.0, gt=0)
+    # A reply whose send's answer was lost, on a platform that echoes replies back and
+    # cannot be asked (Telegram Business), waits this long for the echo before a person
+    # is asked.
+    echo_wait_seconds: float = Field(default=30.0, ge=0, le=3600)
 
     # The deployment's public base URL, as the platforms reach the receiver (HTTPS): what
     # ``chatq connect`` registers and ``chatq doctor`` compares against.
@@ -265,6 +279,12 @@ class Settings(BaseSettings):
 
     # Testing: a named fault point kills the process with SIGKILL when reached.
     fault_point: str | None = None
+
+    def unreadable_policy(self, account: Any = None) -> str:
+        """What the bot does with a message it cannot read alone, for ``account`` (an
+        ``shared.accounts.Account``): its own override, else UNREADABLE_MESSAGES."""
+        override = account.override("unreadable_messages") if account is not None else None
+        return str(override or self.unreadable_messages)
 
     @field_validator("telegram_webhook_secret")
     @classmethod

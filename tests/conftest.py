@@ -96,7 +96,8 @@ async def clean(pool: asyncpg.Pool, queues: QueueInspector) -> None:
     """Start a test from empty tables and empty queues."""
     await pool.execute(
         "TRUNCATE operations, outbox, chat_windows, window_messages, reply_jobs, reply_coverage, deliveries, chats,"
-        " operation_events, dead_letters, sandbox_replies, accounts, platform_tokens, delivery_parts, chat_listings"
+        " operation_events, dead_letters, sandbox_replies, accounts, platform_tokens, delivery_parts, chat_listings,"
+        " telegram_business_connections, avito_poll_accounts, avito_poll_chats, platform_budgets, reply_echoes"
         " RESTART IDENTITY CASCADE"
     )
     await queues.purge(*ALL_QUEUES)

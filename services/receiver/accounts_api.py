@@ -67,6 +67,8 @@ class Overrides(BaseModel):
     reply_delay_max_seconds: float | None = Field(default=None, ge=0, le=86400)
     takeover_seconds: float | None = Field(default=None, ge=0, le=30 * 86400)
     rate_per_second: float | None = Field(default=None, gt=0, le=1000)
+    # A message the bot cannot read alone: 'person' hands it over, 'answer' answers it.
+    unreadable_messages: Literal["person", "answer"] | None = None
 
     @model_validator(mode="after")
     def _pause_range(self) -> Overrides:

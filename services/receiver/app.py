@@ -25,6 +25,7 @@ from services.responder.accounts import AccountPlatforms, build_environment_plat
 from services.responder.ratelimit import AccountRateLimiter
 from shared import metrics
 from shared.accounts import AccountRegistry, record_environment, record_seen
+from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.topology import INBOUND_EXCHANGE
 from shared.faults import fault_point
@@ -38,7 +39,17 @@ from . import accounts_api, pages, sandbox
 from . import admin as admin_api
 from .direct import ReceiverApp
 from .errors import ApiError, install_error_handlers
-from .intake import AVITO_HOLD_SECONDS, Intake, IntakeBatcher, Stored, held_while_postgres_is_away, parse_json
+from .intake import (
+    AVITO_HOLD_SECONDS,
+    Intake,
+    IntakeBatcher,
+    Stored,
+    announce_review,
+    held_while_postgres_is_away,
+    parse_json,
+    record_business_connection,
+    store,
+)
 from .limits import BodySizeLimit
 from .openapi import json_body
 from .recovery import AvitoRecovery
@@ -57,6 +68,8 @@ class Runtime:
     accounts: AccountRegistry
     #: Intake group commit: the webhooks' rows written together.
     intake: IntakeBatcher
+    #: Tells a person of a message handed to them as it is stored (ALERT_WEBHOOK_URL).
+    alerter: Alerter | None = None
     #: The Avito poller (AVITO_POLL_SECONDS); None when off (0).
     recovery: AvitoRecovery | None = None
 
@@ -127,12 +140,18 @@ class ReceiverApps:
         # Closed after the HTTP servers (declared later) and before the pool: what waits
         # is written.
         parts.closing("intake batches", intake)
-        runtime = Runtime(pool, broker, relay, accounts, intake)
+        alerts_http = parts.closing("alert client", httpx.AsyncClient(timeout=10))
+        alerter = Alerter(
+            settings.alert_webhook_url,
+            settings.alert_webhook_secret.get_secret_value() if settings.alert_webhook_secret else None,
+            alerts_http,
+        )
+        runtime = Runtime(pool, broker, relay, accounts, intake, alerter)
         parts.every(READINESS_SECONDS, "readiness gauges", readiness_gauges(lambda: receiver_checks(runtime)))
         if settings.avito_poll_seconds > 0:
             # With or without the environment's Avito credentials: accounts added as data are
             # read too. A round without an Avito account asks nothing.
-            http, platforms, runtime.recovery = _avito_recovery(settings, pool, relay, accounts)
+            http, platforms, runtime.recovery = _avito_recovery(settings, runtime)
             parts.closing("Avito poll client", http)
             parts.closing("Avito poll accounts", platforms)
             # The first round runs now: what arrived while the service was down.
@@ -221,22 +240,25 @@ def _webhook_routes(settings: Settings) -> APIRouter:
 
     async def accept(request: Request, platform: str, intake: Intake) -> Stored:
         account = registry(request).get(platform, intake.account_id)
-        takeover = account.override("takeover_seconds") if account is not None else None
-        hold = settings.takeover_seconds if takeover is None else takeover
         runtime: Runtime = request.app.state.runtime
 
-        async def store() -> Stored:
-            if account is None and intake.chat_id is not None and (platform, intake.account_id) not in seen:
+        async def admitted() -> Stored:
+            if (
+                account is None
+                and intake.chat_id is not None
+                and intake.account_id != avito.UNKNOWN_ACCOUNT
+                and (platform, intake.account_id) not in seen
+            ):
                 # The environment's account, named by its first message (Avito's user id).
                 await record_seen(request.app.state.pool, platform, intake.account_id)
                 seen.add((platform, intake.account_id))
-            return await runtime.intake.store(intake, hold_seconds=hold)
+            return await admit(runtime, settings, intake)
 
         # While Postgres is away: held as long as the platform waits for an answer, then a
         # 503 it sends again (README "When Postgres is down").
         wait = settings.webhook_hold_seconds
         stored = await held_while_postgres_is_away(
-            store, min(wait, AVITO_HOLD_SECONDS) if platform == "avito" else wait
+            admitted, min(wait, AVITO_HOLD_SECONDS) if platform == "avito" else wait
         )
         fault_point("receiver.after_commit")
         if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":
@@ -251,6 +273,16 @@ def _webhook_routes(settings: Settings) -> APIRouter:
                 platform=platform, account=intake.account_id, outcome=outcome
             ).inc()
         return stored
+
+    def environment_avito(request: Request) -> str | None:
+        """The environment's Avito account, when it has exactly one (``/core/v1/accounts/self``
+        names it at start)."""
+        ours = [
+            a.account_id
+            for a in registry(request).all()
+            if a.platform == "avito" and a.source == "environment" and not a.removed
+        ]
+        return ours[0] if len(ours) == 1 else None
 
     def not_another_accounts(request: Request, platform: str, account_id: str) -> None:
         """The environment's single path serves the environment's account(s) only: an
@@ -310,9 +342,15 @@ def _webhook_routes(settings: Settings) -> APIRouter:
                 metrics.WEBHOOKS.labels(platform="avito", outcome="no_payload").inc()
                 return JSONResponse({"ok": True, "ignored": "no message payload: nothing to store"})
             intake = avito.normalise(data, raw)
+            if account is None and intake.account_id == avito.UNKNOWN_ACCOUNT:
+                # A message that names no account, on the environment's path: the
+                # environment's Avito account, when it has exactly one.
+                named = environment_avito(request)
+                if named is not None:
+                    intake = dataclasses.replace(intake, account_id=named)
             if account is None:
                 not_another_accounts(request, "avito", intake.account_id)
-            elif intake.account_id == "unknown":
+            elif intake.account_id == avito.UNKNOWN_ACCOUNT:
                 intake = dataclasses.replace(intake, account_id=account.account_id)
             elif intake.account_id != account.account_id:
                 raise ApiError(
@@ -431,10 +469,12 @@ async def run(settings: Settings, stop: asyncio.Event) -> int:
 
 
 def _avito_recovery(
-    settings: Settings, pool: asyncpg.Pool, relay: Relay | None, accounts: AccountRegistry
+    settings: Settings, runtime: Runtime
 ) -> tuple[httpx.AsyncClient, AccountPlatforms, AvitoRecovery]:
     """The Avito poller, on the responder's Avito clients: each account's own credentials,
-    or the environment's (their tokens shared in Postgres)."""
+    or the environment's (their tokens shared in Postgres). What it finds is admitted as a
+    webhook's message is (``admit``)."""
+    pool, relay, accounts = runtime.pool, runtime.relay, runtime.accounts
     http = httpx.AsyncClient(
         timeout=httpx.Timeout(
             settings.platform_timeout_seconds, connect=min(5.0, settings.platform_timeout_seconds)
@@ -445,6 +485,10 @@ def _avito_recovery(
     platforms = AccountPlatforms(
         settings, http, pool, accounts, {k: v for k, v in environment.items() if k == "avito"}, limiter
     )
+
+    async def admitted(intake: Intake) -> Stored:
+        return await admit(runtime, settings, intake, recovered=True)
+
     recovery = AvitoRecovery(
         pool,
         platforms,
@@ -452,8 +496,36 @@ def _avito_recovery(
         hold_seconds=settings.takeover_seconds,
         interval_seconds=settings.avito_poll_seconds,
         notify=relay.notify if relay is not None else (lambda: None),
+        backfill_seconds=settings.avito_backfill_seconds,
+        admit=admitted,
+        alerter=runtime.alerter,
+        probe_seconds=settings.account_probe_seconds,
     )
     return http, platforms, recovery
+
+
+async def admit(runtime: Runtime, settings: Settings, intake: Intake, *, recovered: bool = False) -> Stored:
+    """Store a platform's message as the account's settings take it, whether its webhook
+    brought it or the poll found it: a message the bot cannot read alone goes to a person
+    (CHATQ_UNREADABLE_MESSAGES, per account), who is told; a seller's message holds the
+    chat for the account's TAKEOVER_SECONDS; a business connection's state is kept."""
+    account = runtime.accounts.get(intake.platform, intake.account_id)
+    takeover = account.override("takeover_seconds") if account is not None else None
+    hold = settings.takeover_seconds if takeover is None else takeover
+    intake = intake.for_a_person(settings.unreadable_policy(account))
+    if intake.business_connection is not None:
+        await record_business_connection(
+            runtime.pool, intake.account_id, intake.business_connection, settings.account_probe_seconds
+        )
+    if recovered:
+        stored = await store(
+            runtime.pool, intake, hold_seconds=hold, recovered=True, review_owner=settings.review_owner
+        )
+    else:
+        stored = await runtime.intake.store(intake, hold_seconds=hold, review_owner=settings.review_owner)
+    if stored.status == "needs_review" and not stored.duplicate and runtime.alerter is not None:
+        await announce_review(runtime.alerter, intake, stored, settings.review_owner)
+    return stored
 
 
 def _secret(value: Any) -> str | None:

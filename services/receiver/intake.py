@@ -15,6 +15,7 @@ is refused.
 from __future__ import annotations
 
 import asyncio
+import dataclasses
 import json
 import logging
 import uuid
@@ -26,11 +27,14 @@ import asyncpg
 from prometheus_client import Counter
 
 from shared import metrics
+from shared.alerts import Alerter
 from shared.broker.consumer import Outcome, classify
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 from shared.ids import new_id
+from shared.messages import chat_key
 
 from .errors import ApiError
+from .webhooks.media import PERSON_HINT
 
 logger = logging.getLogger(__name__)
 
@@ -48,6 +52,39 @@ EDITED_AFTER_REPLY = "edited after the reply; not answered again"
 #: (Telegram's are 64-bit integers, Avito's and generic ones short strings), far below
 #: what a btree index entry can hold.
 MAX_ID_LENGTH = 256
+
+
+@dataclass(frozen=True)
+class BusinessConnectionState:
+    """A Telegram Business connection as a ``business_connection`` update describes it."""
+
+    connection_id: str
+    owner_id: str
+    is_enabled: bool
+    can_reply: bool
+
+    @property
+    def paused_reason(self) -> str | None:
+        """Why the bot may not answer its chats now (None: it may)."""
+        if not self.is_enabled:
+            return (
+                f"the business account turned the bot off for Telegram Business connection {self.connection_id} "
+                "(Settings > Telegram Business > Chatbots): replies wait until it is on again"
+            )
+        if not self.can_reply:
+            return (
+                f"Telegram Business connection {self.connection_id} does not let the bot reply "
+                "(the business account's chatbot settings: allow it to reply to messages): replies wait"
+            )
+        return None
+
+    @property
+    def described(self) -> str:
+        return (
+            "enabled, can reply"
+            if self.paused_reason is None
+            else ("turned off" if not self.is_enabled else "enabled, may not reply")
+        )
 
 
 @dataclass(frozen=True)
@@ -73,6 +110,45 @@ class Intake:
     #: Written by the account itself (the seller, or our own reply coming back): decided
     #: at storage (chatq_is_echo); the seller's message makes the bot step back.
     written_by_seller: bool = False
+    #: Why the bot cannot answer this message alone (a voice note, a file without words;
+    #: a message naming no chat): the account's CHATQ_UNREADABLE_MESSAGES decides whether
+    #: the bot answers its placeholder or a person gets it (``for_a_person``).
+    unreadable: str | None = None
+    #: Known to be our own reply coming back (a Telegram business message our bot sent):
+    #: stored as an echo, which settles a send whose answer was lost.
+    ours: bool = False
+    #: A person's whatever the policy: the bot cannot answer it safely (no chat to answer
+    #: in; no id of its own, so a copy of it could not be told apart and answered twice).
+    person_only: bool = False
+    #: Defaults taken for fields the platform left out, as the record shows them.
+    notes: tuple[str, ...] = ()
+    #: Handed to a person as it is stored (needs_review), with this reason.
+    review: str | None = None
+    #: A Telegram business_connection update: the connection's state, for the receiver to
+    #: keep (its replies pause while it is off or may not reply).
+    business_connection: BusinessConnectionState | None = None
+
+    def for_a_person(self, policy: str) -> Intake:
+        """This message as the account's CHATQ_UNREADABLE_MESSAGES (``policy``) takes it:
+        an unreadable one goes to a person under ``person`` (and always when it names no
+        chat: nothing can answer it), else it is answered like any other."""
+        if self.unreadable is None or self.ignored_reason is not None:
+            return self
+        if policy == "answer" and not self.person_only:
+            return self
+        return dataclasses.replace(self, review=f"{self.unreadable}: {PERSON_HINT}")
+
+    @property
+    def status(self) -> str:
+        """What it is stored as."""
+        if self.ignored_reason:
+            return "ignored"
+        return "needs_review" if self.review else "accepted"
+
+    @property
+    def received_detail(self) -> str | None:
+        """What the 'received' event adds: the defaults taken (None: none)."""
+        return "defaults: " + "; ".join(self.notes) if self.notes else None
 
     def __post_init__(self) -> None:
         ids = ("account_id", "event_id", "chat_id", "message_id", "author_id", "business_connection_id")
@@ -89,7 +165,7 @@ class Intake:
         if self.sent_at is not None and self.sent_at.tzinfo is None:
             raise ApiError(422, "invalid_payload", "sent_at has no time zone")
         if self.ignored_reason is None and (
-            self.chat_id is None or self.message_id is None or self.text is None
+            (self.chat_id is None and self.unreadable is None) or self.message_id is None or self.text is None
         ):
             raise ValueError("an answerable message needs chat_id, message_id and text")
 
@@ -153,9 +229,26 @@ class Stored:
     duplicate: bool
 
 
-# What both intake statements write after the operation: its event, and (in ``ob``) for
-# an accepted message its outbox row, whose body is the inbound message built from the
-# row as stored.
+# What the record says of a message as it is stored: 'received' (with the defaults taken
+# for fields the platform left out, $notes), and for one handed to a person at once its
+# 'needs_review' with the reason; 'ignored' with its reason for one not for the bot.
+def _events(notes: str) -> str:
+    return f"""
+    SELECT op.id, e.kind, e.detail
+    FROM op CROSS JOIN LATERAL (VALUES
+        (2, CASE WHEN op.status = 'ignored' THEN 'ignored' ELSE 'received' END,
+            CASE WHEN op.status = 'ignored' THEN 'stored; not for the bot: ' || op.status_reason
+                 ELSE 'received and stored' || coalesce('; ' || {notes}, '') END),
+        (3, 'needs_review', op.status_reason)
+    ) AS e(n, kind, detail)
+    WHERE e.n <> 3 OR op.status = 'needs_review'
+"""
+
+
+# What the group commit writes after the operations: each one's event, and (in ``ob``)
+# for an accepted message its outbox row, whose body is the inbound message built from
+# the row as stored. (A message with defaults noted or for a person goes alone, through
+# _STORE_SQL.)
 _EVENT_AND_OUTBOX = """), ev AS (
     INSERT INTO operation_events (operation_id, kind, detail)
     SELECT op.id, CASE WHEN op.status = 'ignored' THEN 'ignored' ELSE 'received' END,
@@ -196,14 +289,15 @@ WITH clock AS (SELECT clock_timestamp() AS now), late AS (
 ), op AS (
     INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id,
                             author_id, text, sent_at, status, status_reason, received_at, payload,
-                            business_connection_id)
+                            business_connection_id, owner)
     SELECT $1, $2, $3, $4, $5, $6, $7, $8,
            CASE WHEN $9::timestamptz IS NULL
                   OR $9::timestamptz > clock.now + interval '{FUTURE_TOLERANCE_SECONDS} seconds'
                 THEN clock.now ELSE $9::timestamptz END,
            CASE WHEN late.edited_after_reply THEN 'ignored' ELSE $10 END,
            CASE WHEN late.edited_after_reply THEN $16 ELSE $11 END,
-           clock.now, $12::text::json, $17
+           clock.now, $12::text::json, $17,
+           CASE WHEN $10 = 'needs_review' AND NOT late.edited_after_reply THEN $19 END
     FROM clock, late
     ON CONFLICT DO NOTHING
     RETURNING id, platform, account_id, chat_id, message_id, author_id, text, sent_at, received_at, status,
@@ -211,15 +305,9 @@ WITH clock AS (SELECT clock_timestamp() AS now), late AS (
 ), ev AS (
     -- A message the poller found ($18: how) is recorded as recovered, then as received.
     INSERT INTO operation_events (operation_id, kind, detail)
-    SELECT op.id, e.kind, e.detail
-    FROM op CROSS JOIN LATERAL (VALUES
-        (1, 'recovered', $18::text),
-        (2, CASE WHEN op.status = 'ignored' THEN 'ignored' ELSE 'received' END,
-            CASE WHEN op.status = 'ignored' THEN 'stored; not for the bot: ' || op.status_reason
-                 ELSE 'received and stored' END)
-    ) AS e(n, kind, detail)
-    WHERE e.kind <> 'recovered' OR $18::text IS NOT NULL
-    ORDER BY e.n
+    SELECT op.id, 'recovered', $18::text FROM op WHERE $18::text IS NOT NULL
+    UNION ALL
+    {_events("$20::text")}
 ), ob AS (
     INSERT INTO outbox (exchange, routing_key, message_id, ordering_key, operation_id, body)
     SELECT $13, $14, op.id::text, chatq_chat_key(op.platform, op.account_id, op.chat_id), op.id,
@@ -233,7 +321,7 @@ SELECT id, status FROM op
 # (chatq_seller_wrote), in the statement that stores it.
 _STORE_SELLER_SQL = """
 WITH clock AS (SELECT clock_timestamp() AS now),
-echo AS (SELECT chatq_is_echo(chatq_chat_key($2, $3, $5), $6, $8) AS yes),
+echo AS (SELECT $14::boolean OR chatq_is_echo(chatq_chat_key($2, $3, $5), $6, $8) AS yes),
 op AS (
     INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id,
                             author_id, text, sent_at, status, status_reason, received_at, payload,
@@ -247,8 +335,13 @@ op AS (
     INSERT INTO operation_events (operation_id, kind, detail) SELECT op.id, 'ignored', op.status_reason FROM op
 ), seller AS (
     SELECT chatq_seller_wrote($2, $3, $5, $6, op.sent_at, $12) AS answered FROM op, echo WHERE NOT echo.yes
+), echoed AS (
+    -- Our reply, in the chat: proof for a send whose answer was lost (chatq_record_echo).
+    SELECT chatq_record_echo(chatq_chat_key($2, $3, $5), $6, $8) AS settled
+    FROM op, echo WHERE echo.yes AND $8::text IS NOT NULL
 )
-SELECT op.id, op.status, (SELECT answered FROM seller) AS answered FROM op
+SELECT op.id, op.status, (SELECT answered FROM seller) AS answered, (SELECT settled FROM echoed) AS settled
+FROM op
 """
 
 # Group commit: the rows of concurrent webhooks in one statement and one transaction, the
@@ -308,15 +401,20 @@ FOUND_AGAIN = {
 
 
 async def store(
-    pool: asyncpg.Pool, intake: Intake, *, hold_seconds: float = 0, recovered: bool = False
+    pool: asyncpg.Pool,
+    intake: Intake,
+    *,
+    hold_seconds: float = 0,
+    recovered: bool = False,
+    review_owner: str = "on-call",
 ) -> Stored:
     """Store the intake (once: a repeat is a duplicate). A message the seller wrote in
     person steps the bot back from its chat for ``hold_seconds``. ``recovered``: the poller
     found the message (its webhook never came); the record says so, and the dedupe key is
-    the webhook's, so a late webhook of it is a duplicate."""
-    if intake.written_by_seller:
+    the webhook's, so a late webhook of it is a duplicate. A message handed to a person as
+    it is stored (``Intake.review``) is theirs: ``review_owner``."""
+    if intake.written_by_seller or intake.ours:
         return await _store_seller(pool, intake, hold_seconds)
-    status = "ignored" if intake.ignored_reason else "accepted"
     try:
         row = await pool.fetchrow(
             _STORE_SQL,
@@ -329,8 +427,8 @@ async def store(
             intake.author_id,
             intake.text,
             intake.sent_at,
-            status,
-            intake.ignored_reason,
+            intake.status,
+            intake.ignored_reason or intake.review,
             intake.payload,
             INBOUND_EXCHANGE,
             inbound_routing_key(intake.platform),
@@ -338,6 +436,8 @@ async def store(
             EDITED_AFTER_REPLY,
             intake.business_connection_id,
             RECOVERED if recovered else None,
+            review_owner,
+            intake.received_detail,
         )
     except (asyncpg.DataError, asyncpg.InvalidTextRepresentationError) as exc:
         # E.g. a JSON escape Postgres cannot store (\u0000, a lone surrogate).
@@ -371,9 +471,18 @@ class IntakeBatcher:
         self.batches = 0
         self.rows = 0
 
-    async def store(self, intake: Intake, *, hold_seconds: float = 0) -> Stored:
-        if self.max_rows <= 1 or intake.written_by_seller or intake.is_edit:
-            return await store(self.pool, intake, hold_seconds=hold_seconds)
+    async def store(
+        self, intake: Intake, *, hold_seconds: float = 0, review_owner: str = "on-call"
+    ) -> Stored:
+        if (
+            self.max_rows <= 1
+            or intake.written_by_seller
+            or intake.ours
+            or intake.is_edit
+            or intake.review
+            or intake.notes
+        ):
+            return await store(self.pool, intake, hold_seconds=hold_seconds, review_owner=review_owner)
         future: asyncio.Future[Stored | None] = asyncio.get_running_loop().create_future()
         self._waiting.append((intake, new_id(), future))
         if len(self._waiting) >= self.max_rows:
@@ -470,12 +579,20 @@ async def _store_seller(pool: asyncpg.Pool, intake: Intake, hold_seconds: float)
             intake.payload,
             hold_seconds,
             intake.business_connection_id,
+            intake.ours,
         )
     except asyncpg.ProgramLimitExceededError:
         raise ApiError(422, "invalid_payload", "a value in the body is too large to store") from None
     if row is not None:
         if row["answered"] is not None:
             TAKEOVERS.labels(platform=intake.platform).inc()
+        if row["settled"] is not None:
+            metrics.SETTLED_BY_ECHO.labels(platform=intake.platform).inc()
+            logger.warning(
+                "job %s: the platform echoed its reply back; settled as sent (it had gone to a person)",
+                row["settled"],
+                extra={"job_id": row["settled"]},
+            )
         return Stored(row["id"], row["status"], duplicate=False)
     return await _existing(pool, intake)
 
@@ -527,3 +644,52 @@ def epoch_to_datetime(seconds: float | int | None) -> datetime | None:
         return datetime.fromtimestamp(seconds, UTC)
     except (OverflowError, OSError, ValueError):
         raise ApiError(422, "invalid_payload", "timestamp out of range") from None
+
+
+async def record_business_connection(
+    pool: asyncpg.Pool, account_id: str, state: BusinessConnectionState, probe_seconds: float
+) -> None:
+    """Keep what Telegram said of a business connection: turned off, or without the right to
+    reply, its chats' replies wait (the responder reads this before sending); on again,
+    they go."""
+    await pool.execute(
+        """
+        INSERT INTO telegram_business_connections
+            (account_id, connection_id, owner_id, is_enabled, can_reply, paused_reason, next_probe_at, updated_at)
+        VALUES ($1, $2, $3, $4, $5, $6, CASE WHEN $6::text IS NOT NULL THEN now() + make_interval(secs => $7) END, now())
+        ON CONFLICT (account_id, connection_id) DO UPDATE
+        SET owner_id = EXCLUDED.owner_id, is_enabled = EXCLUDED.is_enabled, can_reply = EXCLUDED.can_reply,
+            paused_reason = EXCLUDED.paused_reason, next_probe_at = EXCLUDED.next_probe_at, updated_at = now()
+        """,
+        account_id,
+        state.connection_id,
+        state.owner_id,
+        state.is_enabled,
+        state.can_reply,
+        state.paused_reason,
+        probe_seconds,
+    )
+
+
+async def announce_review(alerter: Alerter, intake: Intake, stored: Stored, owner: str) -> None:
+    """Tell a person of a message handed to them as it was stored (one the bot cannot read
+    alone), as the responder tells of a reply it hands over."""
+    metrics.OPERATIONS.labels(outcome="needs_review").inc()
+    chat = chat_key(intake.platform, intake.account_id, intake.chat_id) if intake.chat_id else None
+    logger.warning(
+        "operation %s needs review (owner %s): %s",
+        stored.operation_id,
+        owner,
+        intake.review,
+        extra={"operation_id": stored.operation_id, "chat": chat},
+    )
+    await alerter.announce(
+        "operation.needs_review",
+        {
+            "operations": [str(stored.operation_id)],
+            "chat": chat,
+            "reason": intake.review,
+            "kind": "unreadable",
+            "owner": owner,
+        },
+    )

@@ -1,44 +1,50 @@
 """Lost webhooks found again (Avito). Avito delivers webhooks at least once, and some never
 arrive; a buyer whose message was lost would never be answered. So one receiver replica at
 a time (a Postgres advisory lock) reads, every AVITO_POLL_SECONDS and once at start-up,
-each active Avito account's recently updated chats (read or not) and their latest
-messages, and stores every buyer message the inbox does not have through the webhook's
-own intake: the same rules
+each active Avito account's chats updated since its last complete listing (read or not)
+and the latest messages of those updated since they were last read, and stores every
+buyer message the inbox does not have through the webhook's own intake: the same rules
 (``avito.message_intake``) and the same dedupe key (account, chat, message id), so a poll
-and a late webhook of one message never make two operations.
+and a late webhook of one message never make two operations. ``AvitoRecovery`` says what a
+round asks of Avito and how its progress is kept.
 
 Which messages: a chat's buyer messages after the seller's latest message written in person
 (what came before is answered; our own replies answered only what the inbox held, so they
-stop nothing), not older than ``RECOVERY_HORIZON_SECONDS``.
+stop nothing), not older than ``RECOVERY_HORIZON_SECONDS``; at an account's first poll,
+those older than AVITO_BACKFILL_SECONDS are recorded as left to the seller.
 
 Which accounts: every Avito account of the account registry (``shared.accounts``, kept
 current by its notifications: one added while the receiver runs is read the next round)
 that is active, each with the credentials it answers with (the responder's
 ``AccountPlatforms``): an account added with its own (``chatq accounts add``) with those,
-the environment's (named by its first message, or at start from the inbox) with
-CHATQ_AVITO_CLIENT_ID/SECRET. Not an account that was removed, paused by a person, or
+the environment's with CHATQ_AVITO_CLIENT_ID/SECRET, named by Avito at the first start
+(``/core/v1/accounts/self``). Not an account that was removed, paused by a person, or
 paused by the platform (the responder's probe resumes it), nor one whose credentials
 cannot be opened or that the environment has no credentials for."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import re
 import time
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import Any
 
 import asyncpg
 
 from services.responder.accounts import AccountPlatforms, Unserved
-from services.responder.failures import Failure
-from services.responder.platforms.avito import AvitoPlatform
+from services.responder.failures import Failure, Kind
+from services.responder.platforms.avito import CLOCK_SKEW_SECONDS, AvitoPlatform
+from services.responder.ratelimit import BudgetSpent
 from shared import metrics
-from shared.accounts import AccountRegistry
+from shared.accounts import AccountRegistry, record_seen
+from shared.alerts import Alerter
+from shared.state import account as account_state
 
 from .errors import ApiError
-from .intake import Intake, store
+from .intake import Intake, Stored, store
 from .webhooks import avito
 
 logger = logging.getLogger(__name__)
@@ -85,22 +91,66 @@ def listed_intake(account_id: str, chat_id: str, item: dict[str, Any]) -> Intake
     """A message from Avito's message list as the inbox stores it: the webhook's rules. The
     payload kept is the listed item, marked as found by the poll."""
     content = item.get("content")
-    text = content.get("text") if isinstance(content, dict) else None
     author = item.get("author_id")
+    created = item.get("created")
     return avito.message_intake(
         account_id=account_id,
         chat_id=chat_id,
         message_id=str(item["id"]),
-        author_id=author if isinstance(author, int) else 0,
-        kind=str(item.get("type") or "unknown"),
+        author_id=author if isinstance(author, int) and not isinstance(author, bool) else None,
+        kind=str(item.get("type") or "text"),
         chat_type=None,  # the poll reads u2i and u2u chats only
-        text=text if isinstance(text, str) else None,
-        created=item.get("created"),
+        content=content if isinstance(content, dict) else {},
+        created=created if isinstance(created, int | float) and not isinstance(created, bool) else None,
         raw=json.dumps({"found_by": "poll", "user_id": account_id, "chat_id": chat_id, "message": item}),
     )
 
 
+#: The part of an account's per-minute request budget the poll may use; the rest is the
+#: sends' (services/responder/ratelimit.py SharedBudget).
+POLL_SHARE = 0.5
+#: How far back of the last complete listing the next one reads: clocks and paging.
+LISTING_MARGIN_SECONDS = 60.0
+
+_PROGRESS = """
+SELECT connected_at, extract(epoch FROM connected_at)::float8 AS connected, listed_since
+FROM avito_poll_accounts WHERE account_id = $1
+"""
+_CONNECTED = """
+INSERT INTO avito_poll_accounts (account_id) VALUES ($1) ON CONFLICT DO NOTHING
+RETURNING extract(epoch FROM connected_at)::float8 AS connected
+"""
+_CHATS_READ = """
+SELECT chat_id, updated FROM avito_poll_chats WHERE account_id = $1 AND chat_id = ANY($2::text[])
+"""
+_CHAT_READ = """
+INSERT INTO avito_poll_chats (account_id, chat_id, updated, read_at) VALUES ($1, $2, $3, now())
+ON CONFLICT (account_id, chat_id) DO UPDATE SET updated = EXCLUDED.updated, read_at = now()
+"""
+_LISTED = "UPDATE avito_poll_accounts SET listed_since = $2, updated_at = now() WHERE account_id = $1"
+
+#: Why a message found at an account's first poll is not answered by the bot.
+LEFT_TO_THE_SELLER = (
+    "arrived {age} before the account was connected, more than CHATQ_AVITO_BACKFILL_SECONDS ({limit}): "
+    "left to the seller"
+)
+
+
+def _span(seconds: float) -> str:
+    minutes = round(seconds / 60)
+    return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
+
+
 class AvitoRecovery:
+    """One round over every Avito account to read (``poll``), by one receiver replica at a
+    time. What it asks of Avito: the chat list, newest first, until it reaches back to the
+    last complete listing (one page when little changed), and the messages of each chat
+    updated since its messages were last read; within half of the account's per-minute
+    request budget (the sends keep the other half). Its progress is kept in Postgres, per
+    account and per chat, so a round cut short (a 429, a 5xx, a restart) loses only what
+    it had not read. At an account's first poll, messages older than
+    AVITO_BACKFILL_SECONDS are recorded as left to the seller, not answered."""
+
     def __init__(
         self,
         pool: asyncpg.Pool,
@@ -111,6 +161,10 @@ class AvitoRecovery:
         notify: Callable[[], None],
         horizon_seconds: float = RECOVERY_HORIZON_SECONDS,
         interval_seconds: float = 60.0,
+        backfill_seconds: float = 3600.0,
+        admit: Callable[[Intake], Awaitable[Stored]] | None = None,
+        alerter: Alerter | None = None,
+        probe_seconds: float = 60.0,
     ) -> None:
         self._pool = pool
         self._platforms = platforms
@@ -119,9 +173,14 @@ class AvitoRecovery:
         self._notify = notify
         self._horizon = horizon_seconds
         self._interval = interval_seconds
-        #: Per account, when its last complete round started: the next reads the chats
-        #: updated since then (less a margin for clocks and paging), the first a horizon back.
-        self._last_round: dict[str, float] = {}
+        self._backfill = backfill_seconds
+        self._admit = admit or (lambda intake: store(pool, intake, hold_seconds=hold_seconds, recovered=True))
+        self._alerter = alerter
+        self._probe_seconds = probe_seconds
+        #: Whether the environment's credentials have named their account (``who``).
+        self._environment_named = False
+        #: Rounds run to their end by this replica (the first runs at start-up).
+        self.rounds = 0
 
     def accounts(self) -> list[str]:
         """The accounts this round reads (``polled_accounts``)."""
@@ -132,13 +191,11 @@ class AvitoRecovery:
         runs; 0 at once when there is no Avito account). Returns how many messages it
         stored."""
         recovered = 0
+        await self._name_environment_account()
         accounts = self.accounts()
         if not accounts:
+            self.rounds += 1
             return 0
-        # An account that leaves the round (paused, removed) is read a horizon back when it
-        # comes back: what came meanwhile.
-        polled = set(accounts)
-        self._last_round = {a: t for a, t in self._last_round.items() if a in polled}
         async with self._pool.acquire() as conn:
             if not await conn.fetchval("SELECT pg_try_advisory_lock($1)", POLL_LOCK_KEY):
                 return 0
@@ -148,7 +205,11 @@ class AvitoRecovery:
                         recovered += await self._account(account_id)
                     except Unserved as exc:
                         logger.warning("Avito poll skips account %s: %s", account_id, exc)
+                    except BudgetSpent as spent:
+                        logger.info("Avito poll of account %s stops for this round: %s", account_id, spent)
                     except Failure as failure:
+                        if failure.kind is Kind.ACCOUNT:
+                            await self._refused(account_id, failure.reason)
                         # One account's refusal does not stop the others; the next round asks again.
                         logger.warning("Avito poll of account %s: %s", account_id, failure.reason)
                     except Exception:
@@ -160,7 +221,42 @@ class AvitoRecovery:
                 await conn.execute("SELECT pg_advisory_unlock($1)", POLL_LOCK_KEY)
         if recovered:
             logger.warning("Avito poll: recovered %d message(s) no webhook brought", recovered)
+        self.rounds += 1
         return recovered
+
+    async def _name_environment_account(self) -> None:
+        """The environment's Avito credentials name their account (``/core/v1/accounts/self``):
+        it is polled from the first start, before any webhook. Asked until it answers."""
+        if self._environment_named:
+            return
+        api = self._platforms.of_environment("avito")
+        if not isinstance(api, AvitoPlatform):
+            self._environment_named = True  # no credentials in the environment
+            return
+        try:
+            me = await api.who()
+        except Failure as failure:
+            logger.warning("Avito did not name the environment's account yet: %s", failure.reason)
+            return
+        account_id = str(me["id"])
+        await record_seen(self._pool, "avito", account_id)
+        await self._registry.refresh_account("avito", account_id)
+        self._environment_named = True
+        logger.info(
+            "the environment's Avito credentials are account %s (%s)", account_id, me.get("name") or ""
+        )
+
+    async def _refused(self, account_id: str, reason: str) -> None:
+        """Avito refuses the account as a whole: paused like the sends pause it (one alert),
+        until the responder's probe finds it accepted again."""
+        async with self._pool.acquire() as conn:
+            moved = await account_state.pause_by_platform(
+                conn, "avito", account_id, reason, self._probe_seconds
+            )
+        if moved and self._alerter is not None:
+            await self._alerter.announce(
+                "account.paused", {"platform": "avito", "account_id": account_id, "reason": reason}
+            )
 
     def _api(self, account_id: str) -> AvitoPlatform | None:
         """The account's Avito client, with its own credentials or the environment's; None
@@ -174,45 +270,79 @@ class AvitoRecovery:
             logger.debug("Avito poll: account %s has no credentials here", account_id)
             return 0
         started = time.time()
-        since = started - self._horizon
-        last = self._last_round.get(account_id)
-        updated_since = since if last is None else max(since, last - 2 * self._interval - 60)
+        progress = await self._pool.fetchrow(_PROGRESS, account_id)
+        if progress is None:
+            connected = await self._pool.fetchval(_CONNECTED, account_id) or started
+            listed_since = None
+        else:
+            connected, listed_since = progress["connected"], progress["listed_since"]
+        horizon = started - self._horizon
+        list_since = horizon if listed_since is None else max(horizon, listed_since - LISTING_MARGIN_SECONDS)
+        chats = await api.recent_chats(account_id, list_since, share=POLL_SHARE)
+        ids = [c["id"] for c in chats if isinstance(c.get("id"), str) and c["id"]]
+        read = {r["chat_id"]: r["updated"] for r in await self._pool.fetch(_CHATS_READ, account_id, ids)}
         recovered = 0
-        for chat in await api.recent_chats(account_id, updated_since):
-            chat_id = chat.get("id")
+        # Oldest first: a round cut short has read what waited longest.
+        for chat in sorted(chats, key=lambda c: c["updated"] if _is_time(c.get("updated")) else 0):
+            chat_id, updated = chat.get("id"), chat.get("updated")
             if not isinstance(chat_id, str) or not chat_id:
                 continue
-            ours = frozenset(r[0] for r in await self._pool.fetch(_OURS, account_id, chat_id))
-            items = await api.buyer_messages(account_id, chat_id, since, ours)
-            if not items:
-                continue
-            stored = {
-                r["message_id"]
-                for r in await self._pool.fetch(_STORED, account_id, chat_id, [str(i["id"]) for i in items])
-            }
-            for item in items:
-                if str(item["id"]) in stored:
-                    continue
-                try:
-                    intake = listed_intake(account_id, chat_id, item)
-                except ApiError as exc:  # an item the inbox cannot hold: say which
-                    logger.warning(
-                        "Avito poll: message %s of chat %s not stored: %s", item["id"], chat_id, exc
-                    )
-                    continue
-                result = await store(self._pool, intake, hold_seconds=self._hold_seconds, recovered=True)
-                if result.duplicate:
-                    continue  # its webhook came meanwhile
-                recovered += 1
-                metrics.RECOVERED_MESSAGES.labels(platform="avito").inc()
-                logger.info(
-                    "Avito poll: stored message %s of chat %s (%s), which no webhook brought",
-                    item["id"],
-                    chat_id,
-                    result.status,
-                    extra={"operation_id": result.operation_id},
-                )
-                if result.status == "accepted":
-                    self._notify()
-        self._last_round[account_id] = started
+            if _is_time(updated) and chat_id in read and read[chat_id] >= updated:
+                continue  # nothing new since its messages were read
+            recovered += await self._chat(api, account_id, chat_id, horizon, connected)
+            if isinstance(updated, int | float):
+                # Avito's times are whole seconds, its clock not ours: a chat updated within
+                # a few seconds of this read is read again next round, in case a message came
+                # in the same second after it.
+                seen = min(float(updated), started - CLOCK_SKEW_SECONDS)
+                await self._pool.execute(_CHAT_READ, account_id, chat_id, seen)
+        await self._pool.execute(_LISTED, account_id, started)
         return recovered
+
+    async def _chat(
+        self, api: AvitoPlatform, account_id: str, chat_id: str, since: float, connected: float
+    ) -> int:
+        logger.debug("Avito poll: reading the messages of chat %s of account %s", chat_id, account_id)
+        ours = frozenset(r[0] for r in await self._pool.fetch(_OURS, account_id, chat_id))
+        items = await api.buyer_messages(account_id, chat_id, since, ours, share=POLL_SHARE)
+        if not items:
+            return 0
+        stored = {
+            r["message_id"]
+            for r in await self._pool.fetch(_STORED, account_id, chat_id, [str(i["id"]) for i in items])
+        }
+        recovered = 0
+        for item in items:
+            if str(item["id"]) in stored:
+                continue
+            try:
+                intake = listed_intake(account_id, chat_id, item)
+            except ApiError as exc:  # an item the inbox cannot hold: say which
+                logger.warning("Avito poll: message %s of chat %s not stored: %s", item["id"], chat_id, exc)
+                continue
+            age = connected - float(item["created"])
+            if intake.ignored_reason is None and age > self._backfill:
+                intake = dataclasses.replace(
+                    intake,
+                    ignored_reason=LEFT_TO_THE_SELLER.format(age=_span(age), limit=_span(self._backfill)),
+                    unreadable=None,
+                )
+            result = await self._admit(intake)
+            if result.duplicate:
+                continue  # its webhook came meanwhile
+            recovered += 1
+            metrics.RECOVERED_MESSAGES.labels(platform="avito").inc()
+            logger.info(
+                "Avito poll: stored message %s of chat %s (%s), which no webhook brought",
+                item["id"],
+                chat_id,
+                result.status,
+                extra={"operation_id": result.operation_id},
+            )
+            if result.status == "accepted":
+                self._notify()
+        return recovered
+
+
+def _is_time(value: object) -> bool:
+    return isinstance(value, int | float) and not isinstance(value, bool)

@@ -21,7 +21,7 @@ from .platforms.base import HttpClient, Platform
 from .platforms.generic import GenericPlatform
 from .platforms.sandbox import SandboxPlatform
 from .platforms.telegram import TelegramPlatform
-from .ratelimit import AccountRateLimiter
+from .ratelimit import AccountRateLimiter, SharedBudget
 
 
 class Unserved(Exception):
@@ -64,6 +64,12 @@ class AccountPlatforms:
         self._environment = environment
         self._limiter = limiter
         self._built: dict[tuple[str, str], tuple[str, Platform]] = {}
+        #: Every Avito account's requests, in every process, count against one budget.
+        self._budget = SharedBudget(pool, "avito", settings.avito_requests_per_minute)
+
+    def of_environment(self, platform: str) -> Platform | None:
+        """The adapter of the environment's credentials for ``platform`` (None: it has none)."""
+        return self._environment.get(platform)
 
     def names(self) -> list[str]:
         names = set(self._environment)
@@ -104,7 +110,7 @@ class AccountPlatforms:
             return TelegramPlatform(s.telegram_api_base, c["bot_token"], self._client, self._limiter)
         if account.platform == "avito":
             token = AvitoToken(s.avito_api_base, c["client_id"], c["client_secret"], self._client, self._pool)
-            return AvitoPlatform(s.avito_api_base, token, self._client, self._limiter)
+            return AvitoPlatform(s.avito_api_base, token, self._client, self._limiter, self._budget)
         url = c.get("reply_url") or s.generic_reply_url
         if not url:
             raise Unserved(
@@ -140,7 +146,8 @@ def build_environment_platforms(
             client,
             pool,
         )
-        platforms["avito"] = AvitoPlatform(settings.avito_api_base, token, client, limiter)
+        budget = SharedBudget(pool, "avito", settings.avito_requests_per_minute)
+        platforms["avito"] = AvitoPlatform(settings.avito_api_base, token, client, limiter, budget)
     if settings.generic_reply_url:
         secret = settings.generic_reply_secret.get_secret_value() if settings.generic_reply_secret else None
         platforms["generic"] = GenericPlatform(settings.generic_reply_url, secret, client, limiter)

@@ -21,6 +21,8 @@ from shared.runner import Supervisor, serve
 from shared.settings import Settings
 
 from .accounts import AccountPlatforms, AccountWriters, build_environment_platforms, build_writer
+from .connections import BusinessConnections
+from .echoes import Echoes
 from .handler import Responder
 from .http import PlatformHttp
 from .idempotency import JobStore
@@ -98,6 +100,9 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         greeting=settings.greeting,
         account_metrics=settings.metrics_account_label,
         listings=Listings(pool, platforms),
+        connections=BusinessConnections(pool),
+        echoes=Echoes(pool),
+        echo_wait_seconds=settings.echo_wait_seconds,
     )
     consumer = Consumer(
         consume_broker,

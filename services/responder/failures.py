@@ -9,6 +9,9 @@ the lack of one) means for the job.
   credentials, no paid Messenger plan): nothing about this job can fix it. The account
   is paused and its jobs wait, without spending attempts, until a probe finds the
   platform accepting it again.
+- connection: the platform refuses the Telegram Business connection the reply goes
+  through (the business account turned the bot off, or does not let it reply): like
+  account, but only that connection's chats wait, until Telegram says it works again.
 - unknown: a request that acts (a send) may have reached the platform and acted, and the
   answer does not say: a timeout or reset after the request was sent, or a gateway's 502
   or 504 (the gateway gave up waiting; the platform behind it may have finished). Never
@@ -34,6 +37,7 @@ class Kind(enum.StrEnum):
     PERMANENT = "permanent"
     UNKNOWN = "unknown"
     ACCOUNT = "account"
+    CONNECTION = "connection"
 
 
 @dataclass

@@ -13,6 +13,7 @@ from __future__ import annotations
 import logging
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 
 from prometheus_client import Counter
 from pydantic import ValidationError
@@ -28,12 +29,15 @@ from shared.settings import DEFAULT_GREETING
 from shared.state.job import DeliveryStatus
 
 from .accounts import AccountPlatforms, AccountWriters, FixedPlatforms, Unserved
+from .connections import BusinessConnections
+from .echoes import CLOCK_SKEW_SECONDS, Echoes
 from .failures import Failure, Kind
 from .idempotency import AccountStopped, Job, JobBusy, JobWithdrawn, Part, Reconcile, Skip
 from .listings import Listings
 from .llm import ReplyWriter, Turn
 from .parts import split_reply
 from .platforms.base import Attempts, Listing, Platform, Sent, SentQuery, TooEarly, chat_manners
+from .platforms.telegram import TelegramPlatform
 from .stores import JobSession, JobStorage
 
 logger = logging.getLogger(__name__)
@@ -82,6 +86,9 @@ class Responder:
         greeting: str = DEFAULT_GREETING,
         account_metrics: bool = False,
         listings: Listings | None = None,
+        connections: BusinessConnections | None = None,
+        echoes: Echoes | None = None,
+        echo_wait_seconds: float = 30.0,
     ) -> None:
         self._account_metrics = account_metrics
         self._store = store
@@ -96,6 +103,9 @@ class Responder:
         self._probe_seconds = account_probe_seconds
         self._greeting = greeting
         self._listings = listings
+        self._connections = connections
+        self._echoes = echoes
+        self._echo_wait = echo_wait_seconds
 
     async def handle(self, message: Delivery) -> None:
         try:
@@ -135,6 +145,10 @@ class Responder:
             raise Reject(f"{job.platform} replies are not configured in this responder")
         if job.account_paused is not None:
             await self._wait_for_account(db, job, job.account_paused)
+        if job.business_connection_id is not None and self._connections is not None:
+            why = await self._connections.paused(job.account_id, job.business_connection_id)
+            if why is not None:
+                await self._wait_for_connection(db, job, why)
         try:
             if isinstance(state, Reconcile):
                 await self._reconcile(db, state, platform, attempt)
@@ -178,6 +192,7 @@ class Responder:
                 continue
             if many:
                 await db.part_intent(job.job_id, number, part)
+            started = datetime.now(UTC)
             try:
                 sent = await platform.send(
                     job.account_id,
@@ -187,11 +202,18 @@ class Responder:
                     business_connection_id=job.business_connection_id,
                 )
             except Failure as failure:
-                if many:
-                    lost = DeliveryStatus.UNKNOWN if failure.kind is Kind.UNKNOWN else DeliveryStatus.NOT_SENT
-                    await db.part_done(job.job_id, number, lost)
-                await self._send_failed(db, job, platform, failure)
-                return
+                echoed = await self._echo(db, job, part, started) if failure.kind is Kind.UNKNOWN else None
+                if echoed is None:
+                    if many:
+                        lost = (
+                            DeliveryStatus.UNKNOWN
+                            if failure.kind is Kind.UNKNOWN
+                            else DeliveryStatus.NOT_SENT
+                        )
+                        await db.part_done(job.job_id, number, lost)
+                    await self._send_failed(db, job, platform, failure)
+                    return
+                sent = echoed
             last = sent.message_id
             if many:
                 await db.part_done(job.job_id, number, DeliveryStatus.SENT, last)
@@ -277,7 +299,32 @@ class Responder:
         await db.record_retry(job.job_id, "transient", reason)
         raise RetryLater(reason, kind=f"{stage}_{failure.kind}", retry_after=failure.retry_after)
 
+    async def _echo(self, db: JobSession, job: Job, text: str, started: datetime) -> Sent | None:
+        """The platform's echo of ``text`` sent since ``started`` (a send whose answer was
+        lost: the echo shows it went out), or None."""
+        if self._echoes is None:
+            return None
+        found = await self._echoes.of(
+            job.chat_key,
+            text,
+            started - timedelta(seconds=CLOCK_SKEW_SECONDS),
+            await db.recorded_message_ids(job),
+        )
+        if found is None:
+            return None
+        metrics.SETTLED_BY_ECHO.labels(platform=job.platform).inc()
+        logger.info(
+            "job %s: the send's answer was lost, but the platform echoed the reply (%s): it is in the chat",
+            job.job_id,
+            found,
+            extra={"job_id": job.job_id, "chat": job.chat_key},
+        )
+        return Sent(found)
+
     async def _send_failed(self, db: JobSession, job: Job, platform: Platform, failure: Failure) -> None:
+        if failure.kind is Kind.CONNECTION and job.business_connection_id is not None and self._connections:
+            await db.record_delivery(job.job_id, DeliveryStatus.NOT_SENT, failure.reason)
+            await self._connection_refused(db, job, failure.reason)
         if failure.kind is Kind.ACCOUNT:
             await db.record_delivery(job.job_id, DeliveryStatus.NOT_SENT, failure.reason)
             await self._account_refused(db, job, failure)
@@ -291,15 +338,36 @@ class Responder:
             # attempt lists the chat for our reply before sending anything.
             await db.record_retry(job.job_id, "unknown", f"{platform.name}: {failure.reason}")
             raise RetryLater(f"{platform.name}: {failure.reason}", kind="unknown_outcome")
+        if self._echo_may_come(job) and self._echo_wait > 0:
+            # Telegram Business echoes our replies back: the next attempt looks for the echo
+            # (``_reconcile``) before a person is asked.
+            await self._wait_for_echo(db, job, f"{platform.name}: {failure.reason}", self._echo_wait)
         # Telegram: nothing can tell whether it went out. The delivery says unknown, so
         # giving up hands the job to a person (needs_review), never to "failed".
         await self._give_up(db, job.job_id, "unknown", f"{platform.name}: {failure.reason}")
+
+    def _echo_may_come(self, job: Job) -> bool:
+        """Whether the platform echoes this chat's replies back (Avito does in every chat;
+        Telegram only in a business account's chats, by the business_message of our bot)."""
+        return self._echoes is not None and (
+            job.platform == "avito" or job.business_connection_id is not None
+        )
+
+    async def _wait_for_echo(self, db: JobSession, job: Job, reason: str, seconds: float) -> None:
+        why = f"{reason}; waiting {seconds:.0f}s for the platform's echo of the reply before asking a person"
+        await db.record_retry(job.job_id, "unknown", why)
+        raise RetryLater(why, kind="echo_wait", retry_after=seconds, counts=False)
 
     async def _reconcile(self, db: JobSession, state: Reconcile, platform: Platform, attempt: int) -> None:
         job = state.job
         parts = await db.delivery_parts(job.job_id)
         if parts:
             await self._resume_parts(db, state, platform, attempt, parts)
+            return
+        echoed = await self._echo(db, job, state.text, state.since)
+        if echoed is not None:
+            await db.record_sent(job, state.text, echoed.message_id)
+            await self._mark_read(job, platform)
             return
         if platform.idempotent:
             logger.info(
@@ -334,6 +402,12 @@ class Responder:
             )
             await self._reply(db, job, platform, attempt, text=state.text)
             return
+        if self._echo_may_come(job):
+            waited = (datetime.now(UTC) - state.started_at).total_seconds()
+            if waited < self._echo_wait:
+                await self._wait_for_echo(
+                    db, job, f"{platform.name}: a send was interrupted", self._echo_wait - waited
+                )
         await self._give_up(
             db,
             job.job_id,
@@ -352,6 +426,11 @@ class Responder:
         sent = {n: p.message_id for n, p in parts.items() if p.status is DeliveryStatus.SENT and p.message_id}
         for number, part in sorted(parts.items()):
             if part.status not in (DeliveryStatus.SENDING, DeliveryStatus.UNKNOWN) or platform.idempotent:
+                continue
+            echoed = await self._echo(db, job, part.text, part.started_at)
+            if echoed is not None:
+                await db.part_done(job.job_id, number, DeliveryStatus.SENT, echoed.message_id)
+                sent[number] = echoed.message_id
                 continue
             if not platform.can_reconcile:
                 await self._give_up(
@@ -419,6 +498,32 @@ class Responder:
             )
         await self._wait_for_account(db, job, failure.reason)
 
+    async def _connection_refused(self, db: JobSession, job: Job, reason: str) -> None:
+        """Telegram refused the business connection the reply goes through: pause it (one
+        alert, when it was not paused), and let this job wait with the connection's others."""
+        assert self._connections is not None and job.business_connection_id is not None
+        if await self._connections.pause(
+            job.account_id, job.business_connection_id, reason, self._probe_seconds
+        ):
+            logger.warning("Telegram Business connection %s paused: %s", job.business_connection_id, reason)
+            await self._alerter.announce(
+                "business_connection.paused",
+                {
+                    "platform": job.platform,
+                    "account_id": job.account_id,
+                    "business_connection_id": job.business_connection_id,
+                    "reason": reason,
+                },
+            )
+        await self._wait_for_connection(db, job, reason)
+
+    async def _wait_for_connection(self, db: JobSession, job: Job, reason: str) -> None:
+        """Nothing may be sent through a paused business connection: the job waits, without
+        spending an attempt, until Telegram says it works again."""
+        why = f"waiting: {reason}"
+        await db.record_retry(job.job_id, "account", why)
+        raise RetryLater(why, kind="connection_paused", retry_after=self._probe_seconds, counts=False)
+
     async def _wait_for_account(self, db: JobSession, job: Job, reason: str) -> None:
         """Nothing may be sent on a paused account: the job waits, without spending an
         attempt, until a probe resumes the account (``probe_accounts``)."""
@@ -455,6 +560,41 @@ class Responder:
                     await self._alerter.announce(
                         "account.resumed",
                         {"platform": account["platform"], "account_id": account["account_id"]},
+                    )
+        return resumed + await self._probe_connections()
+
+    async def _probe_connections(self) -> int:
+        """Ask Telegram whether each paused business connection due for a probe works again
+        (getBusinessConnection); resume the ones that do. Returns how many were resumed."""
+        if self._connections is None:
+            return 0
+        resumed = 0
+        async with self._connections.due_for_probe() as due:
+            for row in due:
+                account_id, connection_id = row["account_id"], row["connection_id"]
+                try:
+                    platform = self._platforms.for_account("telegram", account_id)
+                except Unserved:
+                    platform = None
+                if not isinstance(platform, TelegramPlatform):
+                    continue
+                try:
+                    enabled, can_reply = await platform.business_connection(account_id, connection_id)
+                except Failure:
+                    enabled = can_reply = False
+                if not (enabled and can_reply):
+                    await self._connections.probe_later(account_id, connection_id, self._probe_seconds)
+                    continue
+                if await self._connections.resume(account_id, connection_id):
+                    resumed += 1
+                    logger.warning("Telegram Business connection %s works again: resumed", connection_id)
+                    await self._alerter.announce(
+                        "business_connection.resumed",
+                        {
+                            "platform": "telegram",
+                            "account_id": account_id,
+                            "business_connection_id": connection_id,
+                        },
                     )
         return resumed
 

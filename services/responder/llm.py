@@ -50,10 +50,15 @@ def listing_text(listing: Listing) -> str:
     return ", ".join(p for p in (f"“{listing.title}”", listing.price, listing.url) if p)
 
 
+#: A typed placeholder of a message that is not text ("[the buyer sent a photo]"): ours, in
+#: English, never the buyer's language.
+PLACEHOLDER = re.compile(r"\[[^\]]*\]")
+
+
 def buyer_language(texts: Sequence[str]) -> str:
     """The language the buyer writes in, as far as the facts responder tells them apart:
-    "ru" when Cyrillic letters outnumber Latin ones, else "en"."""
-    joined = " ".join(texts).lower()
+    "ru" when Cyrillic letters outnumber Latin ones, else "en" (placeholders not counted)."""
+    joined = PLACEHOLDER.sub(" ", " ".join(texts)).lower()
     cyrillic = sum(1 for c in joined if "а" <= c <= "я" or c == "ё")
     latin = sum(1 for c in joined if "a" <= c <= "z")
     return "ru" if cyrillic > latin else "en"

@@ -38,7 +38,7 @@ LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
     SELECT CASE p_to
         WHEN 'pending' THEN ARRAY['processing']::text[]
         WHEN 'processing' THEN ARRAY['pending']::text[]
-        WHEN 'sent' THEN ARRAY['processing']::text[]
+        WHEN 'sent' THEN ARRAY['processing', 'needs_review']::text[]
         WHEN 'failed' THEN ARRAY['pending', 'processing']::text[]
         WHEN 'needs_review' THEN ARRAY['pending', 'processing']::text[]
         WHEN 'superseded' THEN ARRAY['pending', 'processing', 'needs_review']::text[]

@@ -33,10 +33,18 @@ RETURNS text LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
                       || ':' || replace(replace(p_chat_id, '%', '%25'), ':', '%3A')
 $$;
 
+-- A message's text as echoes are compared: line endings as \n, runs of whitespace as one
+-- space, no leading or trailing space (a platform may give our reply back so changed).
+CREATE OR REPLACE FUNCTION chatq_text_norm(p_text text) RETURNS text
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT btrim(regexp_replace(replace(p_text, E'\r\n', E'\n'), '\s+', ' ', 'g'))
+$$;
+
 -- Whether a message the account itself sent (author = the account) is our own reply coming
 -- back: its id is recorded for a reply of the chat, or its text is a reply (or a part of
--- one) the chat was sent in the last ten minutes (its echo can arrive before the send's
--- answer is recorded). Otherwise a person wrote it: the seller.
+-- one) the chat was sent in the last ten minutes, compared as chatq_text_norm reads them
+-- (its echo can arrive before the send's answer is recorded). Otherwise a person wrote it:
+-- the seller.
 CREATE OR REPLACE FUNCTION chatq_is_echo(p_chat_key text, p_message_id text, p_text text)
 RETURNS boolean LANGUAGE sql STABLE AS $$
     SELECT EXISTS (
@@ -47,8 +55,9 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
     OR EXISTS (
         SELECT 1 FROM reply_jobs r JOIN deliveries d ON d.job_id = r.id
         WHERE r.chat_key = p_chat_key AND d.started_at > clock_timestamp() - interval '10 minutes'
-          AND (d.text = p_text
-               OR EXISTS (SELECT 1 FROM delivery_parts p WHERE p.job_id = r.id AND p.text = p_text)))
+          AND (chatq_text_norm(d.text) = chatq_text_norm(p_text)
+               OR EXISTS (SELECT 1 FROM delivery_parts p WHERE p.job_id = r.id
+                          AND chatq_text_norm(p.text) = chatq_text_norm(p_text))))
 $$;
 
 -- The seller answered the chat in person (a message written by the account's owner, not

@@ -5,6 +5,7 @@
                           \\-> needs_review  a reply may be in the chat; a person decides
                           \\-> superseded    every message is answered or held by another reply
     needs_review -> superseded               a person confirmed a re-send (a new job)
+    needs_review -> sent                     the platform echoed the reply back: it went out
 
 Delivery: ``sending`` is committed before the platform is called; from then on the
 reply may be on the platform until ``sent``, ``not_sent`` or ``unknown`` says otherwise.
@@ -47,7 +48,9 @@ LIFECYCLE = Lifecycle(
     {
         J.PENDING: frozenset({J.PROCESSING, J.FAILED, J.NEEDS_REVIEW, J.SUPERSEDED}),
         J.PROCESSING: frozenset({J.PENDING, J.SENT, J.FAILED, J.NEEDS_REVIEW, J.SUPERSEDED}),
-        J.NEEDS_REVIEW: frozenset({J.SUPERSEDED}),
+        # A person confirmed a re-send; or the platform echoed the reply back (it is in
+        # the chat: chatq_record_echo).
+        J.NEEDS_REVIEW: frozenset({J.SUPERSEDED, J.SENT}),
     },
 )
 

@@ -137,6 +137,8 @@ class FakeWorld:
     avito: list[dict[str, Any]] = field(default_factory=list)
     generic: list[dict[str, Any]] = field(default_factory=list)
     generic_keys: dict[str, str] = field(default_factory=dict)
+    #: The probes chatq sent a paused generic endpoint ({"probe": true}).
+    generic_probes: list[dict[str, Any]] = field(default_factory=list)
     llm: list[dict[str, Any]] = field(default_factory=list)
     llm_in_flight: int = 0
     llm_max_in_flight: int = 0
@@ -290,11 +292,11 @@ class FakeWorld:
         the account's own user id: a message the account wrote (its owner, an autoresponder,
         Avito on its behalf)."""
         user_id = str(user_id)
+        now = int(time.time()) if created is None else created
         chat = self.avito_chats.get((user_id, chat_id))
         if chat is None:
-            self.add_avito_chat(user_id, chat_id)
+            self.add_avito_chat(user_id, chat_id, updated=now)
             chat = self.avito_chats[(user_id, chat_id)]
-        now = int(time.time()) if created is None else created
         seq = next(self.ids)
         if content is None:
             content = {"text": text} if text is not None else {}
@@ -971,6 +973,10 @@ def fake_app(world: FakeWorld) -> FastAPI:
         key = request.headers.get("idempotency-key", "")
         raw = (await request.body()).decode()
         body = await request.json()
+        if body.get("probe") is True:
+            # chatq asking whether a paused endpoint accepts it again: nothing to send.
+            world.generic_probes.append(body)
+            return JSONResponse({"ok": True})
         if key and key in world.generic_keys:
             return JSONResponse({"message_id": world.generic_keys[key], "duplicate": True})
         message_id = f"g-{next(world.ids)}"

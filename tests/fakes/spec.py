@@ -552,6 +552,11 @@ class TelegramSpec:
         """Every kind of Update (message, edited_message, business_message, ...)."""
         return _update_kinds(self._doc)
 
+    def schema(self, name: str) -> dict[str, Any]:
+        """The type ``name`` as JSON Schema, its definitions with it (``tests/fakes/instances``
+        makes payloads from it)."""
+        return self._with_defs(self._named(name))
+
     def check_type(self, name: str, value: Any) -> list[str]:
         """What ``value`` breaks in the Bot API's type ``name`` (e.g. an Update a test
         posts to the receiver as Telegram would)."""
@@ -612,3 +617,8 @@ def avito_spec() -> OpenApiSpec:
 @functools.cache
 def telegram_spec() -> TelegramSpec:
     return TelegramSpec(_load(TELEGRAM_DOCUMENT))
+
+
+def avito_document() -> dict[str, Any]:
+    """Avito's Messenger document as published (its schemas, e.g. WebhookMessage)."""
+    return _load(AVITO_DOCUMENTS[0])

@@ -6,30 +6,25 @@ answers in the buyer's language; chats with Avito itself are not answered."""
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator, Awaitable, Callable
-from dataclasses import dataclass
+from collections.abc import Awaitable, Callable
 
 import asyncpg
 import pytest
-from cryptography.fernet import Fernet
 from prometheus_client import REGISTRY
 
-from services.receiver.app import Runtime
 from services.receiver.recovery import POLL_LOCK_KEY
 from shared.settings import Settings
-from tests.conftest import AVITO_SECRET, replace
+from tests.conftest import replace
 from tests.fakes.platforms import FakeWorld
+from tests.support.avito import ME, URL, Stack, known_account
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook
-from tests.support.pipeline import ADMIN, Pipeline, running_pipeline
+from tests.support.pipeline import ADMIN, running_pipeline
 from tests.support.receiver import running_receiver
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
-ME = "777"
 DELIVERY = "Hello! About “Bicycle” (12 000 ₽): We ship across the country; delivery takes 2-5 days."
-URL = f"/v1/webhooks/avito/{AVITO_SECRET}"
-KEY = Fernet.generate_key().decode()
 
 
 def shop(account_id: str) -> dict:
@@ -46,48 +41,12 @@ def shop(account_id: str) -> dict:
     }
 
 
-@dataclass
-class Stack:
-    p: Pipeline
-    runtime: Runtime
-
-    async def poll(self) -> int:
-        assert self.runtime.recovery is not None
-        return await self.runtime.recovery.poll()
-
-    async def add(self, account: dict) -> None:
-        r = await self.p.client.post("/v1/accounts", json=account, headers=ADMIN)
-        assert r.status_code == 200, r.text
-
-
-@pytest.fixture
-def polling(fast: Settings) -> Settings:
-    """The poller on, its rounds driven by the test (the start-up round runs at once);
-    accounts can be added with credentials of their own."""
-    return replace(fast, avito_poll_seconds=3600, secrets_key=KEY)
-
-
-@pytest.fixture
-async def stack(polling: Settings, pool: asyncpg.Pool) -> AsyncIterator[Stack]:
-    async with running_pipeline(polling, pool) as p:
-        assert p.receiver is not None
-        yield Stack(p, p.receiver.public.state.runtime)
-
-
 def recovered_total() -> float:
     return REGISTRY.get_sample_value("chatq_recovered_messages_total", {"platform": "avito"}) or 0.0
 
 
 def read_failures() -> float:
     return REGISTRY.get_sample_value("chatq_chat_read_failures_total", {"platform": "avito"}) or 0.0
-
-
-async def known_account(s: Stack, world: FakeWorld) -> None:
-    """The account speaks once through a webhook, and is answered: the inbox knows it."""
-    hook = world.avito_buyer_writes(ME, "u2i-known", "Is it still available?")
-    r = await s.p.client.post(URL, json=hook)
-    assert r.status_code == 200, r.text
-    assert (await s.p.settled(r.json()["operation_id"]))["status"] == "replied"
 
 
 async def operation_of(pool: asyncpg.Pool, message_id: str) -> asyncpg.Record:

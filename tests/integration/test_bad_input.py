@@ -204,9 +204,9 @@ CASES = [
         "invalid_payload",
     ),
     Case(
-        "avito message without ids",
+        "avito message whose value is not an object",
         AVITO,
-        fixed(b'{"payload": {"type": "message", "value": {"type": "text"}}}', JSON),
+        fixed(b'{"payload": {"type": "message", "value": "text"}, "id": 5}', JSON),
         422,
         "invalid_payload",
     ),

@@ -102,10 +102,14 @@ async def test_an_avito_message_is_stored_its_repeat_is_a_duplicate_and_one_the_
             "chat for 60 min",
         ),
         ("m-3", "ignored", "Avito system message"),
-        ("m-4", "ignored", "unsupported message type (image)"),
+        ("m-4", "accepted", None),  # a buyer's photo: answered through its placeholder
     ]
-    # Only the buyer's message goes to the bot.
-    assert await pool.fetchval("SELECT count(*) FROM outbox") == 1
+    # The buyer's messages go to the bot.
+    assert await pool.fetchval("SELECT count(*) FROM outbox") == 2
+    assert (
+        await pool.fetchval("SELECT text FROM operations WHERE message_id = 'm-4'")
+        == "[the buyer sent a photo]"
+    )
 
 
 async def test_a_signed_generic_webhook_gets_202_with_a_status_url_that_reads_the_operation(
@@ -148,10 +152,12 @@ async def test_unknown_telegram_update_kinds_get_200_and_are_stored_as_ignored(
     settings, pool: asyncpg.Pool
 ) -> None:
     callback = {"update_id": 900, "callback_query": {"id": "q1", "from": {"id": 5, "is_bot": False}}}
-    sticker = telegram_update(901, text=None, sticker={"file_id": "x"})
+    pinned = telegram_update(
+        901, text=None, pinned_message={"message_id": 3, "date": 0, "chat": {"id": 1, "type": "private"}}
+    )
     async with running_receiver(replace(settings, relay_enabled=False)) as (_, client):
         r1 = await client.post("/v1/webhooks/telegram", json=callback, headers=TG)
-        r2 = await client.post("/v1/webhooks/telegram", json=sticker, headers=TG)
+        r2 = await client.post("/v1/webhooks/telegram", json=pinned, headers=TG)
         r3 = await client.post("/v1/webhooks/telegram", json=callback, headers=TG)
     assert [r.status_code for r in (r1, r2, r3)] == [200, 200, 200]
     assert r3.json()["duplicate"] is True
@@ -161,7 +167,7 @@ async def test_unknown_telegram_update_kinds_get_200_and_are_stored_as_ignored(
     # An update without a message is keyed by its update_id; a message by (chat, message id).
     assert [tuple(r) for r in rows] == [
         ("900", None, "ignored", "update kind callback_query is not answered"),
-        (None, "901", "ignored", "unsupported message type (sticker)"),
+        (None, "901", "ignored", "a service message (pinned_message): not a buyer's message"),
     ]
     assert await pool.fetchval("SELECT count(*) FROM outbox") == 0
 

@@ -69,7 +69,9 @@ def avito_operations_in_code() -> set[str]:
     spec = avito_spec()
     found = set()
     for path in AVITO_CODE:
-        for raw in re.findall(r"(/token|/messenger/v\d+/[\w{}./-]*)", (ROOT / path).read_text()):
+        for raw in re.findall(
+            r"(/token|/messenger/v\d+/[\w{}./-]*|/core/v\d+/[\w{}./-]*)", (ROOT / path).read_text()
+        ):
             template = re.sub(r"\{[^}]*\}", "{}", raw)
             ops = [o for o in spec.operations if re.sub(r"\{[^}]*\}", "{}", o.template) == template]
             assert ops, f"{path} calls {raw}, which is in none of Avito's documents"
@@ -111,6 +113,7 @@ async def drive_the_responders_adapters(world: FakeWorld, client: httpx.AsyncCli
     query = SentQuery("777", "u2i-chat-1", "job-6", Attempts("Yes, it is available.", long_ago, long_ago))
     await avito.find_sent(query)
     await avito.probe("777")  # whether the account is refused as a whole
+    assert (await avito.who())["id"] == 777  # the account behind the credentials
     # What the poller and the reply writer ask: unread chats (every page), a chat's buyer
     # messages (paged back), a chat's listing; and marking a chat read after a reply.
     for n in range(105):
@@ -126,6 +129,8 @@ async def drive_the_responders_adapters(world: FakeWorld, client: httpx.AsyncCli
     await avito.mark_read("777", "u2i-chat-1")
     assert ("777", "u2i-chat-1") in world.avito_reads
     await telegram.probe("4242")
+    world.business_connection("biz-conn-1", enabled=False)
+    assert await telegram.business_connection("4242", "biz-conn-1") == (False, True)
 
 
 async def drive_connect_and_doctor(world: FakeWorld, client: httpx.AsyncClient) -> None:
@@ -139,6 +144,7 @@ async def drive_connect_and_doctor(world: FakeWorld, client: httpx.AsyncClient) 
         "edited_channel_post",
         "business_message",
         "edited_business_message",
+        "business_connection",
     ]
     for disconnect in (False, False, True, True):
         await connect_telegram(settings, client, disconnect=disconnect)
@@ -181,6 +187,7 @@ def test_the_source_scan_finds_the_calls_the_code_makes() -> None:
         "getWebhookInfo",
         "setWebhook",
         "deleteWebhook",
+        "getBusinessConnection",
     }
     assert avito_operations_in_code() == {
         "getAccessToken",
@@ -192,6 +199,7 @@ def test_the_source_scan_finds_the_calls_the_code_makes() -> None:
         "getSubscriptions",
         "postWebhookV3",
         "postWebhookUnsubscribe",
+        "getUserInfoSelf",
     }
 
 
@@ -214,9 +222,7 @@ async def test_a_request_the_documents_refuse_gets_the_platforms_error_and_is_re
             json={"message": {"text": "x" * 1001}, "type": "text"},
             headers=auth,
         )
-        slash = await client.post(
-            "/token/", data={"grant_type": "client_credentials", "client_id": "a", "client_secret": "b"}
-        )
+        slash = await client.post("/messenger/v3/webhook/", json={"url": "https://a.example"}, headers=auth)
     assert (long.status_code, long.json()) == (
         400,
         {"ok": False, "error_code": 400, "description": "Bad Request: message is too long"},
@@ -230,7 +236,7 @@ async def test_a_request_the_documents_refuse_gets_the_platforms_error_and_is_re
         "sendMesage",
         "sendMessage",
         "postSendMessage",
-        "POST /token/",
+        "POST /messenger/v3/webhook/",
     ]
     assert world.telegram == [] and world.avito == []
 

@@ -84,7 +84,7 @@ async def test_a_photo_with_a_caption_is_answered_from_its_caption(
     )
     doc = await pipeline.settled((await pipeline.post_telegram(update))["operation_id"])
     assert doc["status"] == "replied"
-    assert doc["message"]["text"] == "Is this one still available?"
+    assert doc["message"]["text"] == "[the buyer sent a photo] Is this one still available?"
     assert world.replies_to("73") == ["Hello! Yes, it is available."]
 
 
@@ -235,10 +235,6 @@ async def test_a_business_customer_is_answered_through_the_connection_and_the_se
             "from this chat for 60 min",
             "biz-conn-1",
         ),
-        echo["operation_id"]: (
-            "ignored",
-            "sent by the bot on the business's behalf (our own reply)",
-            "biz-conn-1",
-        ),
+        echo["operation_id"]: ("ignored", "our own message (echo)", "biz-conn-1"),
     }
     assert len(world.telegram) == 2

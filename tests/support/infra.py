@@ -94,12 +94,20 @@ def create_vhost(api_url: str | None, vhost: str, user: str) -> None:
             "cannot create a RabbitMQ vhost: set CHATQ_TEST_RABBITMQ_API_URL (management plugin) "
             "or run where rabbitmqctl works"
         )
-    subprocess.run(["rabbitmqctl", "add_vhost", vhost], check=True, capture_output=True)
-    subprocess.run(
-        ["rabbitmqctl", "set_permissions", "-p", vhost, user, ".*", ".*", ".*"],
-        check=True,
-        capture_output=True,
-    )
+    try:
+        # A bound on each: rabbitmqctl can wait for ever on a node that does not answer (or
+        # for one of the few Erlang distribution ports it may use).
+        subprocess.run(["rabbitmqctl", "add_vhost", vhost], check=True, capture_output=True, timeout=60)
+        subprocess.run(
+            ["rabbitmqctl", "set_permissions", "-p", vhost, user, ".*", ".*", ".*"],
+            check=True,
+            capture_output=True,
+            timeout=60,
+        )
+    except subprocess.TimeoutExpired as exc:
+        raise InfraUnavailable(
+            f"rabbitmqctl did not answer within {exc.timeout:.0f}s: is RabbitMQ up?"
+        ) from exc
 
 
 def delete_vhost(api_url: str | None, vhost: str) -> None:

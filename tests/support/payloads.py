@@ -113,6 +113,41 @@ def bot_command(text: str) -> dict[str, Any]:
     return {"entities": [{"type": "bot_command", "offset": 0, "length": len(text.split()[0])}]}
 
 
+def avito_content(kind: str) -> dict[str, Any]:
+    """A message's ``content`` as Avito's document gives it for ``kind`` (MessageContent):
+    file, video, appCall and deleted messages come with an empty object."""
+    sizes = {
+        size: f"https://img.k.avito.ru/chat/{size}/5083651369.jpg"
+        for size in ("1280x960", "640x480", "140x105")
+    }
+    contents: dict[str, dict[str, Any]] = {
+        "text": {"text": "Is it still available?"},
+        "image": {"image": {"sizes": sizes}},
+        "voice": {"voice": {"voice_id": "voice-1"}},
+        "location": {
+            "location": {
+                "kind": "street",
+                "lat": 55.599799,
+                "lon": 37.603954,
+                "text": "Москва, Варшавское шоссе",
+                "title": "Москва, Варшавское шоссе",
+            }
+        },
+        "item": {
+            "item": {
+                "image_url": "https://avito.ru/image_url.webp",
+                "item_url": "https://avito.ru/item_url",
+                "price_string": "12 000 ₽",
+                "title": "Велосипед",
+            }
+        },
+        "link": {"link": {"text": "habr.com", "url": "habr.com"}},
+        "call": {"call": {"status": "missed", "target_user_id": 777}},
+        "system": {"text": "Покупатель оплатил заказ", "flow_id": "seller_audience_discount"},
+    }
+    return contents.get(kind, {})
+
+
 def avito_webhook(
     message_id: str,
     *,

@@ -44,6 +44,7 @@ def pipeline_settings(settings: Settings, world: FakeWorld, **overrides: object)
         "retry_delays_seconds": "0.3,0.6,1.2",
         "max_attempts": 4,
         "responder_concurrency": 4,
+        "echo_wait_seconds": 1.0,
     }
     values.update(overrides)
     return replace(settings, **values)

@@ -130,6 +130,11 @@ def test_a_chat_about_no_listing_has_none(chat: object) -> None:
     assert listing_of(chat) is None
 
 
+def test_a_placeholder_of_ours_does_not_make_a_russian_buyer_english() -> None:
+    assert buyer_language(["[the buyer sent a photo] Это ещё продаётся?"]) == "ru"
+    assert buyer_language(["[voice message, 12 s]", "Есть доставка?"]) == "ru"
+
+
 def test_the_buyers_language_is_the_script_they_write_in() -> None:
     assert buyer_language(["Здравствуйте! Велосипед ещё продаёте?"]) == "ru"
     assert buyer_language(["Is it still available?"]) == "en"
@@ -174,7 +179,7 @@ def intake(**changes: object):
         "author_id": 555,
         "kind": "text",
         "chat_type": "u2i",
-        "text": "Still there?",
+        "content": {"text": "Still there?"},
         "created": 1_700_000_000,
         "raw": "{}",
     }
@@ -193,7 +198,8 @@ def test_system_messages_and_the_accounts_own_are_stored_as_ignored_with_the_rea
     assert intake(kind="system").ignored_reason == "Avito system message"
     own = intake(author_id=int(ME))
     assert own.written_by_seller and own.ignored_reason == "written by the account"
-    assert intake(kind="image", text=None).ignored_reason == "unsupported message type (image)"
+    image = intake(kind="image", content={"image": {"sizes": {}}})
+    assert (image.ignored_reason, image.text) == (None, "[the buyer sent a photo]")
     assert intake().ignored_reason is None
     assert intake(chat_type=None).ignored_reason is None  # the poll does not know the type
 

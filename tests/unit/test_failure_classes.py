@@ -126,10 +126,16 @@ async def test_before_the_attempts_window_has_passed_it_is_too_early_to_say_not_
 
 
 async def test_an_answer_of_a_shape_we_do_not_know_is_unknown_not_absent() -> None:
-    for items in ({"messages": [out("m-2", T)]}, [out("m-2", None)], ["m-2"]):
+    for items in ({"items": [out("m-2", T)]}, [out("m-2", None)], ["m-2"]):
         with pytest.raises(Exception) as raised:
             await listing(items).find_sent(query())
         assert getattr(raised.value, "kind", None) is Kind.UNKNOWN, items
+
+
+async def test_our_reply_is_found_in_the_list_as_an_object_with_meta_as_in_a_bare_array() -> None:
+    # The live API's list as public clients read it: {"messages": [...], "meta": {...}}.
+    found = await listing({"messages": [out("m-2", T)], "meta": {"has_more": False}}).find_sent(query())
+    assert found is not None and found.message_id == "m-2"
 
 
 async def test_a_full_page_that_does_not_reach_back_to_the_attempt_is_unknown() -> None:

@@ -49,18 +49,14 @@ def test_a_telegram_update_without_a_message_is_keyed_by_its_update_id() -> None
     [
         # Factories: an update carries a date, made when the test runs, not at collection.
         (
-            lambda: telegram_update(1, text=None, photo=telegram_photo()),
-            "unsupported message type (photo without a caption)",
-        ),
-        (
-            lambda: telegram_update(1, text=None, sticker={"file_id": "s", "file_unique_id": "su"}),
-            "unsupported message type (sticker)",
+            lambda: telegram_update(
+                1,
+                text=None,
+                pinned_message={"chat": {"id": 1, "type": "private"}, "message_id": 3, "date": 0},
+            ),
+            "a service message (pinned_message): not a buyer's message",
         ),
         (lambda: telegram_update(1, text="   "), "empty message"),
-        (
-            lambda: {"update_id": 1, "business_connection": {"id": "biz-conn-1"}},
-            "update kind business_connection is not answered",
-        ),
         (lambda: {"update_id": 1}, "update carries no message"),
     ],
 )
@@ -137,6 +133,10 @@ def sample_updates(kind: str) -> list[dict]:
             telegram_update(1, kind=kind, chat_id=chat_id, chat_type=chat_type, from_id=42)
             for chat_id, chat_type in ((42, "private"), (-500, "group"), (-100500, "supergroup"))
         ]
+    if kind == "business_connection":
+        from tests.fakes.platforms import FakeWorld
+
+        return [{"update_id": 1, kind: FakeWorld().business_connection("biz-conn-1")}]
     return [{"update_id": 1, kind: telegram_update(1)["message"]}]
 
 
@@ -160,7 +160,11 @@ def test_connect_asks_telegram_for_exactly_the_update_kinds_the_receiver_answers
         for update in sample_updates(kind)
         if telegram.normalise(update, "{}", "bot", chat_types).ignored_reason is None
     }
-    assert answered == set(telegram.answered_updates(chat_types))
+    asked = set(telegram.answered_updates(chat_types))
+    # business_connection updates carry no message: they say whether business messages
+    # may be answered, and are asked for with them.
+    assert answered == asked - {"business_connection"}
+    assert ("business_connection" in asked) == ("business_message" in asked)
 
 
 def test_the_default_allowed_updates_are_messages_edits_and_business_messages() -> None:
@@ -169,6 +173,7 @@ def test_the_default_allowed_updates_are_messages_edits_and_business_messages() 
         "edited_message",
         "business_message",
         "edited_business_message",
+        "business_connection",
     )
     assert telegram.answered_updates(frozenset({"channel"})) == ("channel_post", "edited_channel_post")
 
@@ -199,8 +204,9 @@ def test_a_photo_or_document_with_a_caption_is_answered_from_its_caption() -> No
         "{}",
         "bot",
     )
-    assert (photo.ignored_reason, photo.text) == (None, "Is this one available?")
-    assert (document.ignored_reason, document.text) == (None, "Do you have it in red?")
+    assert (photo.ignored_reason, photo.text) == (None, "[the buyer sent a photo] Is this one available?")
+    assert (document.ignored_reason, document.text) == (None, "[file: specs.pdf] Do you have it in red?")
+    assert photo.unreadable is None and document.unreadable is None  # the buyer's words are there
 
 
 def test_a_command_is_stored_as_its_text_for_the_responder_to_greet() -> None:

@@ -75,12 +75,13 @@ class FakeIntake:
     def __init__(self) -> None:
         self.failing = False
 
-    async def store(self, intake: Intake, *, hold_seconds: float = 0) -> Stored:
+    async def store(
+        self, intake: Intake, *, hold_seconds: float = 0, review_owner: str = "on-call"
+    ) -> Stored:
         if self.failing:
             raise ConnectionResetError("the database went away")
         key = f"{intake.platform}/{intake.account_id}/{intake.event_id}/{intake.message_id}"
-        status = "ignored" if intake.ignored_reason else "accepted"
-        return Stored(uuid.uuid5(uuid.NAMESPACE_URL, key), status, duplicate=False)
+        return Stored(uuid.uuid5(uuid.NAMESPACE_URL, key), intake.status, duplicate=False)
 
 
 class FakePool:
@@ -109,7 +110,9 @@ def receiver_app(**settings: Any) -> tuple[ReceiverApp, FakeIntake]:
     ).public
     assert isinstance(app, ReceiverApp)
     intake = FakeIntake()
-    app.state.runtime = SimpleNamespace(accounts=FakeAccounts(ACCOUNTS), intake=intake, relay=None)
+    app.state.runtime = SimpleNamespace(
+        accounts=FakeAccounts(ACCOUNTS), intake=intake, relay=None, pool=FakePool(), alerter=None
+    )
     app.state.pool = FakePool()
     return app, intake
 

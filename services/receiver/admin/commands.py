@@ -40,7 +40,16 @@ async def retry(store: OperationStore, op_id: uuid.UUID, *, resend: bool, by: st
     again."""
     async with store.transaction() as tx:
         row = await _lock_actionable(tx, op_id, "not_retryable", "retried")
-        confirmed = row.status == OperationStatus.NEEDS_REVIEW
+        if row.chat_id is None:
+            raise ApiError(
+                409,
+                "no_chat",
+                "this message names no chat (the platform left it out): the bot cannot answer it; "
+                "answer it in the platform's app, then resolve it",
+            )
+        # A reply of a needs_review job may be in the chat; one handed to a person as it
+        # was stored (a voice note the bot cannot listen to) has none.
+        confirmed = row.status == OperationStatus.NEEDS_REVIEW and row.job_id is not None
         if confirmed and not resend:
             raise ApiError(
                 409,

@@ -34,7 +34,8 @@ class Locked:
     status: OperationStatus
     platform: Platform
     account_id: str
-    chat_id: str
+    #: None for a message the platform sent without a chat (handed to a person as stored).
+    chat_id: str | None
     job_id: uuid.UUID | None
     job_operation_ids: list[uuid.UUID]
     job_chat_key: str | None
@@ -44,7 +45,7 @@ class Locked:
 
     @property
     def chat_key(self) -> str:
-        return chat_key(self.platform, self.account_id, self.chat_id)
+        return chat_key(self.platform, self.account_id, self.chat_id or "")
 
 
 @dataclass(frozen=True)

@@ -1,42 +1,42 @@
 """Avito Messenger v3 webhooks. Avito cannot sign deliveries, so the URL carries a random
-secret (``/v1/webhooks/avito/{secret}``). Dedupe on (user_id, value.id). Our own sent
-messages come back (author_id == user_id) and are stored as ignored, as are system
-messages, chats with Avito itself (chat_type a2u) and anything without text.
+secret (``/v1/webhooks/avito/{secret}``). Dedupe on (user_id, value.id).
+
+Every message Avito's document allows is stored and answered 200: the document marks no
+field of a message's ``value`` required, so a missing one gets an explicit default that
+the operation's record shows (``Intake.notes``), never a 422 that would lose the message.
+Our own sent messages come back (author_id == user_id): an echo, or the seller answering
+by hand (decided at storage), unless it is no one's typing (a system message, any
+non-text message the account sent: an autoresponder's, Avito's on its behalf), which is
+stored as ignored and steps nothing back. System messages, chats with Avito itself
+(chat_type a2u) and deleted messages are stored as ignored. A buyer's photo, voice note,
+location, listing or link is answered through its typed placeholder, or handed to a
+person (``webhooks/media.py``).
 
 ``message_intake`` is the one rule for an Avito message, whether a webhook brought it or
-the poller found it in an unread chat (services/receiver/recovery.py)."""
+the poller found it in a chat (services/receiver/recovery.py)."""
 
 from __future__ import annotations
 
+import dataclasses
+import hashlib
 import hmac
+import json
+from collections.abc import Mapping
+from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
 from ..errors import ApiError
 from ..intake import Intake, epoch_to_datetime
+from .media import AVITO_CONTENT_KEYS, avito_media
 
 
 class _Model(BaseModel):
     model_config = ConfigDict(extra="allow")
 
 
-class AvitoContent(_Model):
-    text: str | None = None
-
-
-class AvitoMessageValue(_Model):
-    id: str
-    chat_id: str
-    user_id: int
-    author_id: int
-    created: int | None = None
-    type: str
-    chat_type: str | None = None
-    content: AvitoContent | None = None
-
-
 class AvitoPayload(_Model):
-    type: str
+    type: str | None = None
     value: dict[str, object] | None = None
 
 
@@ -62,13 +62,13 @@ def authenticate(expected: str | None, presented: str) -> None:
         raise ApiError(401, "bad_path_secret", "wrong secret in the Avito webhook URL")
 
 
+#: The account a message names no account for: the path's, or the environment's, decides.
+UNKNOWN_ACCOUNT = "unknown"
+
+
 def normalise(data: object, raw: str) -> Intake:
     try:
         hook = AvitoWebhook.model_validate(data)
-        if hook.payload.type != "message":
-            # Not a message: nothing identifies it but the delivery id.
-            return _ignored_event(hook, raw)
-        value = AvitoMessageValue.model_validate(hook.payload.value)
     except ValidationError as exc:
         raise ApiError(
             422,
@@ -76,64 +76,144 @@ def normalise(data: object, raw: str) -> Intake:
             "not an Avito messenger webhook",
             details=[{"loc": list(e["loc"]), "msg": e["msg"]} for e in exc.errors()[:10]],
         ) from None
-    if not value.chat_id or not value.id:
-        raise ApiError(422, "invalid_payload", "Avito message without chat_id or id")
-    return message_intake(
-        account_id=str(value.user_id),
-        chat_id=value.chat_id,
-        message_id=value.id,
-        author_id=value.author_id,
-        kind=value.type,
-        chat_type=value.chat_type,
-        text=value.content.text if value.content else None,
-        created=value.created,
+    if (hook.payload.type or "message") != "message" or not isinstance(hook.payload.value, dict):
+        # Not a message: nothing identifies it but the delivery id.
+        return _ignored_event(hook, raw)
+    value = hook.payload.value
+    notes: list[str] = []
+    if hook.payload.type is None:
+        notes.append("payload.type missing: read as a message (it has a message's value)")
+    user_id = _id(value.get("user_id"))
+    if user_id is None:
+        notes.append("user_id missing: the account is the webhook path's")
+    chat_id = _id(value.get("chat_id"))
+    message_id = _id(value.get("id"))
+    nameless = message_id is None
+    if message_id is None:
+        if hook.id:
+            message_id = f"evt:{hook.id}"
+            notes.append("value.id missing: keyed by the delivery's id")
+        else:
+            digest = hashlib.sha256(json.dumps(value, sort_keys=True, default=str).encode()).hexdigest()
+            message_id = f"sha256:{digest[:32]}"
+            notes.append("value.id and the delivery's id missing: keyed by the message's content")
+    author = value.get("author_id")
+    author_id = author if isinstance(author, int) and not isinstance(author, bool) else None
+    if author_id is None:
+        notes.append("author_id missing: taken as the buyer's")
+    content = value.get("content") if isinstance(value.get("content"), Mapping) else {}
+    assert isinstance(content, Mapping)
+    kind = value.get("type")
+    if not isinstance(kind, str) or not kind:
+        kind = next((k for k in AVITO_CONTENT_KEYS if isinstance(content.get(k), Mapping)), None) or (
+            "text" if isinstance(content.get("text"), str) else "unknown"
+        )
+        notes.append(f"type missing: read as {kind} from its content")
+    created = value.get("created")
+    if not isinstance(created, int | float) or isinstance(created, bool):
+        created = None
+        notes.append("created missing: the time of receipt")
+    chat_type = value.get("chat_type")
+    intake = message_intake(
+        account_id=user_id or UNKNOWN_ACCOUNT,
+        chat_id=chat_id,
+        message_id=message_id,
+        author_id=author_id,
+        kind=kind,
+        chat_type=chat_type if isinstance(chat_type, str) else None,
+        content=content,
+        created=created,
         raw=raw,
+        notes=tuple(notes),
     )
+    if nameless and intake.ignored_reason is None and intake.chat_id is not None:
+        # The poll, or a copy of it, would find it under its real id: never answered twice,
+        # it goes to a person.
+        return dataclasses.replace(
+            intake,
+            unreadable="Avito sent this message without its id: the bot cannot tell it from a copy of it",
+            person_only=True,
+        )
+    return intake
+
+
+def _id(value: object) -> str | None:
+    """An id as Avito sends it (text, or a number): as text; None when missing or empty."""
+    if isinstance(value, bool) or value is None:
+        return None
+    if isinstance(value, str | int):
+        return str(value) or None
+    return None
 
 
 #: Avito's chat type for a chat between the user and Avito itself.
 AVITO_CHAT_TYPE = "a2u"
+#: Why an account's message that is no one's typing does not step the bot back.
+NOT_TYPED = "written for the account, not typed by the seller ({kind}): the bot does not step back"
 
 
 def message_intake(
     *,
     account_id: str,
-    chat_id: str,
+    chat_id: str | None,
     message_id: str,
-    author_id: int,
+    author_id: int | None,
     kind: str,
     chat_type: str | None,
-    text: str | None,
-    created: int | None,
+    content: Mapping[str, Any],
+    created: float | None,
     raw: str,
+    notes: tuple[str, ...] = (),
 ) -> Intake:
-    """An Avito message as the inbox stores it: to answer, or ignored with the reason.
-    ``account_id`` is the account's user_id (our side of the chat)."""
+    """An Avito message as the inbox stores it: to answer, ignored with the reason, or
+    (``Intake.unreadable``) one the bot cannot answer alone. ``account_id`` is the account's
+    user_id (our side of the chat)."""
+    words = content.get("text") if isinstance(content.get("text"), str) else None
+    described = avito_media(kind, content)
+    media, link_words = described if described is not None else (None, None)
+    text = media.text(link_words) if media is not None else words
     reason: str | None = None
-    written_by_account = str(author_id) == account_id and chat_type != AVITO_CHAT_TYPE
+    unreadable: str | None = None
+    by_account = author_id is not None and str(author_id) == account_id and chat_type != AVITO_CHAT_TYPE
+    # A takeover is of a chat: a message that names none cannot be one.
+    written_by_account = by_account and kind == "text" and chat_id is not None
     if chat_type == AVITO_CHAT_TYPE:
         reason = "a chat with Avito itself (a2u): not answered"
+    elif by_account and kind != "text":
+        # An autoresponder's message, Avito's on the account's behalf, a file sent from a
+        # CRM: the account's, but not the seller taking the chat over.
+        reason = NOT_TYPED.format(kind=kind)
+    elif by_account and chat_id is None:
+        reason = "written by the account, in no chat it names"
     elif written_by_account:
         # Our own reply coming back, or the seller answering by hand: decided when stored.
         reason = "written by the account"
     elif kind == "system":
         reason = "Avito system message"
-    elif kind != "text" or text is None:
-        reason = f"unsupported message type ({kind})"
-    elif not text.strip():
+    elif kind == "deleted":
+        reason = "deleted by its author"
+    elif media is None and (text is None or not text.strip()):
         reason = "empty message"
+    elif media is not None:
+        unreadable = media.unreadable(link_words)
+    person_only = chat_id is None and reason is None
+    if person_only:
+        unreadable = "Avito's message names no chat (chat_id missing): the bot cannot answer it"
     return Intake(
         platform="avito",
         account_id=account_id,
         event_id=None,
         chat_id=chat_id,
         message_id=message_id,
-        author_id=str(author_id),
+        author_id=str(author_id) if author_id is not None else None,
         text=text,
         sent_at=epoch_to_datetime(created),
         payload=raw,
         ignored_reason=reason,
         written_by_seller=written_by_account,
+        unreadable=unreadable,
+        person_only=person_only,
+        notes=notes,
     )
 
 

@@ -2,13 +2,19 @@
 (Telegram has no body signature). A message is deduplicated by (chat.id, message_id);
 an update that carries no message by its ``update_id``.
 
-What is answered: messages (text, or a photo, document, video, animation, audio or
-voice with a caption: its caption) in the chat types CHATQ_TELEGRAM_CHAT_TYPES allows
-(private chats by default; channel posts need ``channel``); a business account's
-customers' messages (Telegram Business), answered through its connection; and edits of
-those, while a reply to the chat is still pending. Everything else is stored as ignored
-with the reason: a business owner's own messages ("written by the seller"), our own
-replies echoed back, bots, other update kinds."""
+What is answered: messages in the chat types CHATQ_TELEGRAM_CHAT_TYPES allows (private
+chats by default; channel posts need ``channel``), whatever they carry: text, or a photo,
+voice note, location, contact, sticker, file... as a typed placeholder before its caption
+(``webhooks/media.py``; one the bot cannot read alone, a voice note without a caption,
+goes to a person or is answered as the account's CHATQ_UNREADABLE_MESSAGES says); a
+business account's customers' messages (Telegram Business), answered through its
+connection; a message in a topic, answered in that topic (its chat is keyed
+``<chat id>#<thread id>``); and edits of those, while a reply to the chat is still
+pending. Everything else is stored as ignored with the reason: a business owner's own
+messages ("written by the seller"), the business's automatic away, greeting and scheduled
+messages (``is_from_offline``: no one took the chat over), our own replies echoed back,
+bots, service messages, other update kinds. ``business_connection`` updates say whether
+the bot may answer a connection's chats (``BusinessConnectionState``)."""
 
 from __future__ import annotations
 
@@ -17,7 +23,8 @@ import hmac
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ApiError
-from ..intake import Intake, epoch_to_datetime
+from ..intake import BusinessConnectionState, Intake, epoch_to_datetime
+from .media import telegram_media
 
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
 
@@ -39,10 +46,12 @@ _BUSINESS_KINDS = ("business_message", "edited_business_message")
 
 
 def answered_updates(chat_types: frozenset[str] = DEFAULT_CHAT_TYPES) -> tuple[str, ...]:
-    """The update kinds ``normalise`` answers with these chat types: what ``chatq connect
-    telegram`` asks Telegram to deliver (setWebhook's allowed_updates), so nothing else
-    costs a delivery."""
-    return tuple(kind for kind, types in _MESSAGE_KINDS.items() if types & chat_types)
+    """The update kinds ``normalise`` answers with these chat types, and with business
+    messages the ``business_connection`` updates that say whether they may be answered:
+    what ``chatq connect telegram`` asks Telegram to deliver (setWebhook's
+    allowed_updates), so nothing else costs a delivery."""
+    kinds = tuple(kind for kind, types in _MESSAGE_KINDS.items() if types & chat_types)
+    return (*kinds, "business_connection") if "business_message" in kinds else kinds
 
 
 #: ``answered_updates`` with the default chat types (private chats only).
@@ -50,7 +59,6 @@ ANSWERED_UPDATES = answered_updates()
 
 #: Update kinds that carry no message the bot answers, named in the ignored reason.
 _KNOWN_KINDS = (
-    "business_connection",
     "deleted_business_messages",
     "callback_query",
     "inline_query",
@@ -63,25 +71,48 @@ _KNOWN_KINDS = (
     "pre_checkout_query",
     "shipping_query",
 )
-#: Media whose caption is answered as the message's text.
-_CAPTIONED_KINDS = ("photo", "document", "video", "animation", "audio", "voice")
-_MEDIA_KINDS = (
-    "photo",
-    "sticker",
-    "voice",
-    "video",
-    "video_note",
-    "audio",
-    "document",
-    "animation",
-    "location",
-    "contact",
-    "poll",
-    "dice",
-    "venue",
-)
-
 WRITTEN_BY_SELLER = "written by the seller"
+#: A business message our bot sent on the business's behalf: our own reply, echoed.
+OURS = "sent by the bot on the business's behalf (our own reply)"
+#: A business's automatic message, sent by Telegram on the owner's behalf.
+OFFLINE = (
+    "the business's automatic message (away, greeting or scheduled: is_from_offline): "
+    "not the seller taking over"
+)
+#: Fields of a Message that are not its content (a service message is named by its first
+#: field beyond these).
+_NOT_SERVICE = frozenset(
+    {
+        "forward_origin",
+        "reply_to_message",
+        "external_reply",
+        "quote",
+        "entities",
+        "via_bot",
+        "author_signature",
+        "media_group_id",
+        "has_protected_content",
+        "link_preview_options",
+        "reply_markup",
+        "effect_id",
+        "sender_boost_count",
+        "sender_tag",
+        "direct_messages_topic",
+        "is_automatic_forward",
+        "reply_to_story",
+        "paid_star_count",
+        "is_paid_post",
+        "suggested_post_info",
+        "show_caption_above_media",
+        "has_media_spoiler",
+        "caption_entities",
+        "reply_to_checklist_task_id",
+        "reply_to_poll_option_id",
+        "guest_query_id",
+        "guest_bot_caller_user",
+        "guest_bot_caller_chat",
+    }
+)
 
 
 class _Model(BaseModel):
@@ -109,6 +140,22 @@ class TelegramMessage(_Model):
     edit_date: int | None = None
     business_connection_id: str | None = None
     sender_business_bot: TelegramUser | None = None
+    is_from_offline: bool | None = None
+    message_thread_id: int | None = None
+    is_topic_message: bool | None = None
+
+
+class TelegramBusinessRights(_Model):
+    can_reply: bool | None = None
+
+
+class TelegramBusinessConnection(_Model):
+    id: str
+    user: TelegramUser
+    user_chat_id: int
+    date: int
+    is_enabled: bool
+    rights: TelegramBusinessRights | None = None
 
 
 class TelegramUpdate(_Model):
@@ -119,6 +166,7 @@ class TelegramUpdate(_Model):
     edited_channel_post: TelegramMessage | None = None
     business_message: TelegramMessage | None = None
     edited_business_message: TelegramMessage | None = None
+    business_connection: TelegramBusinessConnection | None = None
 
 
 def authenticate(expected: str | None, presented: str | None) -> None:
@@ -139,6 +187,8 @@ def normalise(
         update = TelegramUpdate.model_validate(data)
     except ValidationError as exc:
         raise ApiError(422, "invalid_payload", "not a Telegram Update", details=_errors(exc)) from None
+    if update.business_connection is not None:
+        return _connection_intake(update.update_id, update.business_connection, raw, account_id)
     kind, message = next(
         ((k, m) for k in _MESSAGE_KINDS if (m := getattr(update, k)) is not None), (None, None)
     )
@@ -152,6 +202,11 @@ def normalise(
     business = kind in _BUSINESS_KINDS
     connection = (message.business_connection_id or None) if business else None
     chat_id = str(message.chat.id)
+    thread = topic_of(message)
+    if thread is not None:
+        # A topic is a conversation of its own: answered in it, keyed apart from the chat's
+        # other topics (and its General one).
+        chat_id = f"{chat_id}#{thread}"
     if connection is not None:
         # A business account's chat is not the bot's own chat with the same person, though
         # Telegram gives both the same id (and message ids of their own): keyed apart.
@@ -166,10 +221,10 @@ def normalise(
         sent_at = epoch_to_datetime(message.edit_date) or sent_at
     author = message.from_
     author_id = str(author.id) if author else (str(message.sender_chat.id) if message.sender_chat else None)
-    text = message.text
-    if text is None and message.caption is not None and any(k in _extra(message) for k in _CAPTIONED_KINDS):
-        text = message.caption
+    media = telegram_media(_extra(message)) if message.text is None else None
+    text = media.text(message.caption) if media is not None else message.text
     ignored = _ignored(message, text, chat_types, business=business, connection=connection, edit=edit)
+    unreadable = media.unreadable(message.caption) if media is not None and ignored is None else None
     # A message is deduplicated by (chat, message id) alone, never by update_id: Telegram
     # may hand out update_ids again after a week without updates, and a repeated update_id
     # must never drop a different message.
@@ -187,6 +242,41 @@ def normalise(
         business_connection_id=connection,
         is_edit=edit,
         written_by_seller=ignored == WRITTEN_BY_SELLER,
+        ours=ignored == OURS,
+        unreadable=unreadable,
+    )
+
+
+def topic_of(message: TelegramMessage) -> int | None:
+    """The topic a message was written in, to answer it there: a forum supergroup's topic
+    (``is_topic_message``), or a private chat's with topics on. A reply thread in a group
+    without topics also has a ``message_thread_id``; a reply sent to it would be refused."""
+    if message.message_thread_id is None:
+        return None
+    if message.is_topic_message or message.chat.type == "private":
+        return message.message_thread_id
+    return None
+
+
+def _connection_intake(
+    update_id: int, connection: TelegramBusinessConnection, raw: str, account_id: str
+) -> Intake:
+    """A business_connection update: stored as ignored (for the record), and the
+    connection's state for the receiver to keep."""
+    can_reply = bool(connection.rights and connection.rights.can_reply)
+    state = BusinessConnectionState(connection.id, str(connection.user.id), connection.is_enabled, can_reply)
+    return Intake(
+        "telegram",
+        account_id,
+        str(update_id),
+        None,
+        None,
+        None,
+        None,
+        None,
+        raw,
+        f"Telegram Business connection {connection.id}: {state.described}",
+        business_connection=state,
     )
 
 
@@ -207,17 +297,20 @@ def _ignored(
     if business and connection is None:
         return "business message without a business_connection_id: no way to answer it"
     if business and message.sender_business_bot is not None:
-        return "sent by the bot on the business's behalf (our own reply)"
+        return OURS
     if business and author is not None and author.id != message.chat.id:
-        # In a business chat the customer is the chat: anyone else writing by hand is the
-        # business account's owner, a person taking over.
+        # In a business chat the customer is the chat: anyone else is the business account.
+        if message.is_from_offline:
+            # Telegram sent it for the owner (an away, greeting or scheduled message):
+            # nobody took the chat over.
+            return OFFLINE
+        # The owner, writing by hand: a person taking over.
         return "edited by the seller" if edit else WRITTEN_BY_SELLER
     if author is not None and author.is_bot:
         return "message from a bot"
     if text is None:
-        media = next((k for k in _MEDIA_KINDS if k in _extra(message)), "non-text")
-        bare = " without a caption" if media in _CAPTIONED_KINDS else ""
-        return f"unsupported message type ({media}{bare})"
+        service = next((k for k in _extra(message) if k not in _NOT_SERVICE), "no content")
+        return f"a service message ({service}): not a buyer's message"
     if not text.strip():
         return "empty message"
     return None

@@ -10,14 +10,29 @@ from __future__ import annotations
 
 import asyncio
 import logging
+import random
 import time
 from typing import Any, TypeGuard
 
 import asyncpg
 
 from ..failures import Failure, Kind
-from ..ratelimit import AccountRateLimiter
-from .base import Answer, Attempts, HttpClient, Listing, Sent, SentQuery, TooEarly, call, raise_for
+from ..ratelimit import AccountRateLimiter, SharedBudget
+from .base import (
+    LIMITED_BACKOFF_SECONDS,
+    SPENT_WINDOW_SECONDS,
+    Answer,
+    Attempts,
+    HttpClient,
+    Listing,
+    Sent,
+    SentQuery,
+    TooEarly,
+    call,
+    raise_for,
+    rate_limit_spent,
+    retry_after_of,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -153,22 +168,39 @@ class AvitoPlatform:
     can_reconcile = True
 
     def __init__(
-        self, api_base: str, token: AvitoToken, client: HttpClient, limiter: AccountRateLimiter
+        self,
+        api_base: str,
+        token: AvitoToken,
+        client: HttpClient,
+        limiter: AccountRateLimiter,
+        budget: SharedBudget | None = None,
     ) -> None:
         self._base = api_base.rstrip("/")
         self._token = token
         self._client = client
         self._limiter = limiter
+        self._budget = budget
         self._send_timeout = client.timeout.read or 10.0
 
     async def _authorized(
-        self, account_id: str, method: str, url: str, *, refresh: bool = True, **kwargs: object
+        self,
+        account_id: str,
+        method: str,
+        url: str,
+        *,
+        refresh: bool = True,
+        share: float = 1.0,
+        **kwargs: object,
     ) -> Answer:
         """The request with the account's token; ``refresh``: once more with a fresh token
-        when Avito refuses this one (a call that may do without skips it)."""
+        when Avito refuses this one (a call that may do without skips it). Each request
+        counts against the account's budget shared by every process (``share``: the part of
+        it this caller may use; the poll leaves room for the sends)."""
         stale: str | None = None
         for _ in range(2 if refresh else 1):
             token = await self._token.get(stale=stale)
+            if self._budget is not None:
+                await self._budget.take(account_id, share=share)
             response = await call(
                 self._client,
                 self._limiter,
@@ -179,11 +211,45 @@ class AvitoPlatform:
                 headers={"Authorization": f"Bearer {token}"},
                 **kwargs,
             )
+            await self._heed_limits(account_id, response)
             if response.status_code not in (401, 403):
                 break
             # An expired token gives 403: refresh once and try once more.
             stale = token
         return response
+
+    async def _heed_limits(self, account_id: str, response: Answer) -> None:
+        """What Avito says of the account's per-minute limit, for every process: the limit
+        it states, and a pause when it answers 429 or has no request left in the window."""
+        if self._budget is None:
+            return
+        limit = response.headers.get("x-ratelimit-limit")
+        if limit is not None and limit.isdigit() and int(limit) > 0:
+            await self._budget.observe(account_id, int(limit))
+        if response.status_code == 429:
+            await self._budget.pause(
+                account_id, retry_after_of(response) or random.uniform(*LIMITED_BACKOFF_SECONDS)
+            )
+        elif rate_limit_spent(response):
+            await self._budget.pause(account_id, random.uniform(*SPENT_WINDOW_SECONDS))
+
+    def _refused(self, account_id: str, response: Answer) -> None:
+        """Raise when Avito refuses the account as a whole, whatever the chat: 401 with a
+        fresh token (the account refuses this application) or 402 (payment required)."""
+        if response.status_code == 401:
+            raise Failure(
+                Kind.ACCOUNT,
+                f"Avito refuses this application for account {account_id} with a fresh token "
+                f"(HTTP 401: {_detail(response)}): the account's owner must grant the application access to "
+                "the Messenger API again (Avito's developer settings), or the client credentials belong to another "
+                "account",
+            )
+        if response.status_code == 402:
+            raise Failure(
+                Kind.ACCOUNT,
+                f"Avito answers payment required for account {account_id} (HTTP 402: {_detail(response)}): "
+                "the account's subscription does not include the Messenger API or has run out; renew it",
+            )
 
     async def send(
         self, account_id: str, chat_id: str, text: str, *, key: str, business_connection_id: str | None = None
@@ -192,6 +258,7 @@ class AvitoPlatform:
         response = await self._authorized(
             account_id, "POST", url, json={"message": {"text": text}, "type": "text"}
         )
+        self._refused(account_id, response)
         if response.status_code == 403:
             await self.probe(account_id)  # raises when the whole account is refused
         raise_for(response, _detail(response), acts=True)
@@ -206,7 +273,8 @@ class AvitoPlatform:
         credentials) when it does not."""
         url = f"{self._base}/messenger/v2/accounts/{account_id}/chats"
         response = await self._authorized(account_id, "GET", url, params={"limit": 1})
-        if response.status_code in (401, 403):
+        self._refused(account_id, response)
+        if response.status_code == 403:
             raise Failure(
                 Kind.ACCOUNT,
                 f"Avito refuses the Messenger API for account {account_id} with a fresh token "
@@ -234,6 +302,7 @@ class AvitoPlatform:
         response = await self._authorized(
             query.account_id, "GET", url, params={"limit": LIST_LIMIT, "offset": 0}
         )
+        self._refused(query.account_id, response)
         raise_for(response, _detail(response))
         try:
             items = message_list(response.json())
@@ -266,26 +335,38 @@ class AvitoPlatform:
             return Sent(str(message_id))
         return None
 
-    async def recent_chats(self, account_id: str, since: float) -> list[dict[str, Any]]:
+    async def recent_chats(
+        self, account_id: str, since: float, *, share: float = 1.0
+    ) -> list[dict[str, Any]]:
         """The account's chats (u2i and u2u) updated at or after ``since`` (epoch seconds; a
-        chat without ``updated`` is kept), every page, as Avito lists them. Read or unread:
-        a seller who opened a chat in the app has not answered it, and we mark answered chats
-        read ourselves."""
+        chat without ``updated`` is kept), as Avito lists them: newest first, so the pages
+        stop at the first that reaches back past ``since``. Read or unread: a seller who
+        opened a chat in the app has not answered it, and we mark answered chats read
+        ourselves."""
         url = f"{self._base}/messenger/v2/accounts/{account_id}/chats"
         chats: list[dict[str, Any]] = []
         offset: int | None = 0
         while offset is not None:
             params = {"chat_types": ANSWERED_CHAT_TYPES, "limit": LIST_LIMIT}
-            response = await self._authorized(account_id, "GET", url, params={**params, "offset": offset})
+            response = await self._authorized(
+                account_id, "GET", url, params={**params, "offset": offset}, share=share
+            )
+            self._refused(account_id, response)
             raise_for(response, _detail(response))
             body = _json(response, "chat list")
             page = _objects(body.get("chats") if isinstance(body, dict) else None, "chat list")
             chats += [c for c in page if not _is_time(c.get("updated")) or c["updated"] >= since]
-            offset = next_offset(offset, len(page))
+            offset = None if reaches_back(page, since) else next_offset(offset, len(page))
         return chats
 
     async def buyer_messages(
-        self, account_id: str, chat_id: str, since: float, ours: frozenset[str] = frozenset()
+        self,
+        account_id: str,
+        chat_id: str,
+        since: float,
+        ours: frozenset[str] = frozenset(),
+        *,
+        share: float = 1.0,
     ) -> list[dict[str, Any]]:
         """The chat's buyer messages since the seller's latest message written in person
         (what came before it is answered) and not older than ``since`` (epoch seconds),
@@ -296,8 +377,9 @@ class AvitoPlatform:
         offset: int | None = 0
         while offset is not None:
             response = await self._authorized(
-                account_id, "GET", url, params={"limit": LIST_LIMIT, "offset": offset}
+                account_id, "GET", url, params={"limit": LIST_LIMIT, "offset": offset}, share=share
             )
+            self._refused(account_id, response)
             raise_for(response, _detail(response))
             page = message_list(_json(response, "message list"))
             if page is None:
@@ -306,6 +388,28 @@ class AvitoPlatform:
             found, reached = since_last_answer(items, account_id, since, ours)
             offset = None if reached else next_offset(offset, len(page))
         return found
+
+    async def who(self) -> dict[str, Any]:
+        """The account these credentials belong to, as ``GET /core/v1/accounts/self`` names
+        it (``id``: the user_id every messenger path takes; ``name``, ``profile_url``)."""
+        response = await call(
+            self._client,
+            self._limiter,
+            self.name,
+            "-",
+            "GET",
+            f"{self._base}/core/v1/accounts/self",
+            headers={"Authorization": f"Bearer {await self._token.get()}"},
+        )
+        raise_for(response, _detail(response))
+        body = _json(response, "account")
+        if (
+            not isinstance(body, dict)
+            or not isinstance(body.get("id"), int)
+            or isinstance(body.get("id"), bool)
+        ):
+            raise Failure(Kind.TRANSIENT, "Avito's /core/v1/accounts/self answered without an account id")
+        return body
 
     async def listing(self, account_id: str, chat_id: str) -> Listing | None:
         """The listing the chat is about (title, price, url), or None for a chat about none."""
@@ -358,6 +462,16 @@ def message_list(body: object) -> list[dict[str, Any]] | None:
 
 def _is_time(value: object) -> TypeGuard[float]:
     return isinstance(value, int | float) and not isinstance(value, bool)
+
+
+def reaches_back(page: list[dict[str, Any]], since: float) -> bool:
+    """Whether a page of chats, listed newest first, reaches back past ``since``: its last
+    chat was updated before it, and the page is in that order (one out of order is read
+    on, in case the list is not)."""
+    times = [t for t in (c.get("updated") for c in page) if _is_time(t)]
+    if not times or len(times) != len(page):
+        return False
+    return times == sorted(times, reverse=True) and times[-1] < since
 
 
 def next_offset(offset: int, got: int, limit: int = LIST_LIMIT) -> int | None:

@@ -4,13 +4,14 @@ an Idempotency-Key (the job id), so re-sending after a lost answer is safe."""
 from __future__ import annotations
 
 import json
+from collections.abc import Mapping
 from datetime import UTC, datetime
 
 from standardwebhooks.webhooks import Webhook
 
 from ..failures import Failure, Kind
 from ..ratelimit import AccountRateLimiter
-from .base import HttpClient, Sent, SentQuery, call, raise_for
+from .base import Answer, HttpClient, Sent, SentQuery, call, raise_for
 
 
 class GenericPlatform:
@@ -28,33 +29,13 @@ class GenericPlatform:
     async def send(
         self, account_id: str, chat_id: str, text: str, *, key: str, business_connection_id: str | None = None
     ) -> Sent:
-        body = json.dumps(
-            {"account_id": account_id, "chat_id": chat_id, "text": text, "reply_id": key}, ensure_ascii=False
-        )
-        headers = {"content-type": "application/json", "idempotency-key": key}
-        if self._signer is not None:
-            now = datetime.now(UTC)
-            headers.update(
-                {
-                    "webhook-id": key,
-                    "webhook-timestamp": str(int(now.timestamp())),
-                    "webhook-signature": self._signer.sign(key, now, body),
-                }
-            )
-        response = await call(
-            self._client,
-            self._limiter,
-            self.name,
-            account_id,
-            "POST",
-            self._url,
-            content=body.encode(),
-            headers=headers,
-        )
+        body = {"account_id": account_id, "chat_id": chat_id, "text": text, "reply_id": key}
+        response = await self._post(account_id, key, body)
         if response.status_code == 409:
             # An idempotent receiver still working on this key: what it will do is unknown;
             # the next attempt sends again under the same key.
             raise Failure(Kind.UNKNOWN, "the receiver is still processing this reply (HTTP 409)")
+        self._refused(response)
         raise_for(response, response.text[:200] if not response.is_success else "", acts=True)
         try:
             data = response.json()
@@ -65,9 +46,55 @@ class GenericPlatform:
             raise Failure(Kind.UNKNOWN, "no message id")
         return Sent(str(message_id or key))
 
+    def _refused(self, response: Answer) -> None:
+        """A 401 or 403 is the endpoint refusing us, whatever the reply: the account waits."""
+        if response.status_code in (401, 403):
+            raise Failure(
+                Kind.ACCOUNT,
+                f"the reply endpoint refused our request (HTTP {response.status_code}): it does not accept our "
+                "signature; set the account's reply_secret (or CHATQ_GENERIC_REPLY_SECRET) to the secret the "
+                "endpoint verifies with",
+            )
+
     async def probe(self, account_id: str) -> None:
-        """Nothing to pause: no account the receiver can refuse as a whole."""
-        return None
+        """Whether the reply endpoint accepts us again: a signed probe, ``{"probe": true}``,
+        that a receiver answers without sending anything (docs/platforms.md). A 401 or 403
+        keeps the account paused; anything else but a server error resumes it."""
+        key = f"probe-{int(datetime.now(UTC).timestamp())}"
+        response = await self._post(account_id, key, {"probe": True, "account_id": account_id})
+        self._refused(response)
+        if response.status_code >= 500 or response.status_code in (408, 429):
+            raise Failure(
+                Kind.TRANSIENT, f"the reply endpoint answered the probe HTTP {response.status_code}"
+            )
+
+    async def _post(self, account_id: str, key: str, document: Mapping[str, object]) -> Answer:
+        """POST ``document`` as JSON to the reply URL, signed, with ``key`` as its
+        Idempotency-Key and webhook-id."""
+        body = json.dumps(document, ensure_ascii=False)
+        return await call(
+            self._client,
+            self._limiter,
+            self.name,
+            account_id,
+            "POST",
+            self._url,
+            content=body.encode(),
+            headers=self._headers(key, body),
+        )
+
+    def _headers(self, key: str, body: str) -> dict[str, str]:
+        headers = {"content-type": "application/json", "idempotency-key": key}
+        if self._signer is not None:
+            now = datetime.now(UTC)
+            headers.update(
+                {
+                    "webhook-id": key,
+                    "webhook-timestamp": str(int(now.timestamp())),
+                    "webhook-signature": self._signer.sign(key, now, body),
+                }
+            )
+        return headers
 
     async def find_sent(self, query: SentQuery) -> Sent | None:
         raise NotImplementedError("generic replies are made safe by their Idempotency-Key instead")

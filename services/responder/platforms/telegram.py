@@ -26,7 +26,11 @@ class TelegramPlatform:
     async def send(
         self, account_id: str, chat_id: str, text: str, *, key: str, business_connection_id: str | None = None
     ) -> Sent:
-        params: dict[str, object] = {"chat_id": _chat(chat_id), "text": text}
+        chat, thread = telegram_chat(chat_id)
+        params: dict[str, object] = {"chat_id": chat, "text": text}
+        if thread is not None:
+            # A topic's message is answered in that topic.
+            params["message_thread_id"] = thread
         if business_connection_id is not None:
             # Telegram Business: sent as the business account, in its chat with the customer.
             params["business_connection_id"] = business_connection_id
@@ -55,6 +59,15 @@ class TelegramPlatform:
         detail = str(body.get("description", ""))[:200]
         if status in (401, 404):
             raise Failure(Kind.ACCOUNT, _refused_token(status, detail))
+        if business_connection_id is not None and status in (400, 403) and refuses_connection(detail):
+            # The business account turned the bot off, or does not let it reply: its chats
+            # wait for the connection, nothing about this reply is wrong.
+            raise Failure(
+                Kind.CONNECTION,
+                f"Telegram refused Telegram Business connection {business_connection_id} (HTTP {status}: {detail}): "
+                "the business account turned the bot off or does not let it reply "
+                "(in Telegram: Settings > Telegram Business > Chatbots)",
+            )
         if status >= 500:
             # No idempotency key and no way to list the bot's messages: a server error after
             # the request reached Telegram may come after the message was sent. Retry only
@@ -79,6 +92,37 @@ class TelegramPlatform:
         if not ok:
             raise Failure(Kind.TRANSIENT, f"Telegram's getMe answered HTTP {response.status_code}")
 
+    async def business_connection(self, account_id: str, connection_id: str) -> tuple[bool, bool]:
+        """getBusinessConnection: whether the connection is enabled and lets the bot reply.
+        Raises ``Failure`` (kind connection) when Telegram no longer knows it."""
+        response = await call(
+            self._client,
+            self._limiter,
+            self.name,
+            account_id,
+            "POST",
+            f"{self._base}/getBusinessConnection",
+            json={"business_connection_id": connection_id},
+        )
+        try:
+            body = response.json()
+        except ValueError:
+            body = None
+        if (
+            not isinstance(body, dict)
+            or body.get("ok") is not True
+            or not isinstance(body.get("result"), dict)
+        ):
+            detail = str(body.get("description", "")) if isinstance(body, dict) else ""
+            kind = Kind.CONNECTION if response.status_code in (400, 403) else Kind.TRANSIENT
+            raise Failure(
+                kind,
+                f"Telegram's getBusinessConnection answered HTTP {response.status_code} {detail}".strip(),
+            )
+        result = body["result"]
+        rights = result.get("rights") if isinstance(result.get("rights"), dict) else {}
+        return bool(result.get("is_enabled")), bool(rights.get("can_reply"))
+
     async def find_sent(self, query: SentQuery) -> Sent | None:
         raise NotImplementedError("Telegram cannot list a bot's sent messages")
 
@@ -86,11 +130,21 @@ class TelegramPlatform:
         return None
 
 
-def _chat(chat_id: str) -> int | str:
-    """Telegram's chat id for ours: a business chat's (``<chat id>@<connection>``, kept
-    apart from the bot's own chat with the same person) is the part before the ``@``."""
-    chat_id = chat_id.partition("@")[0] or chat_id
-    return int(chat_id) if chat_id.lstrip("-").isdigit() else chat_id
+def telegram_chat(chat_id: str) -> tuple[int | str, int | None]:
+    """Telegram's chat id and topic for ours: a business chat's (``<chat id>@<connection>``,
+    kept apart from the bot's own chat with the same person) is the part before the ``@``;
+    a topic's (``<chat id>#<thread id>``) names the thread after the ``#``."""
+    base = chat_id.partition("@")[0] or chat_id
+    chat, _, thread = base.partition("#")
+    topic = int(thread) if thread.isdigit() else None
+    return (int(chat) if chat.lstrip("-").isdigit() else chat), topic
+
+
+def refuses_connection(description: str) -> bool:
+    """Whether Telegram's description of a refused send names the business connection
+    (BUSINESS_CONNECTION_INVALID, "business connection not found", BUSINESS_PEER_...)."""
+    lowered = description.lower()
+    return "business_" in lowered or "business connection" in lowered
 
 
 def _error_code(body: dict[str, object]) -> int:
