@@ -114,9 +114,12 @@ demo: install services-check
 	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
 
 # The full fault campaign: every scenario, thousands of messages, the accounting table.
-# Restarts the local RabbitMQ and Postgres in two scenarios: run it on a machine of its own.
-# The cluster scenario starts a three-node RabbitMQ cluster of its own (chaos/cluster.py).
+# Restarts the local RabbitMQ in one scenario: run it on a machine of its own. The Postgres
+# scenarios run on a private Postgres they start (chaos/postgres.py), never the local one.
+# The cluster scenario starts a three-node RabbitMQ cluster of its own (chaos/cluster.py);
+# the Postgres outage is watched by a Prometheus server with the alert rules (chaos/prometheus.py).
 chaos: install services-check
+	@command -v prometheus >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 	$(BIN)/python -m chaos --admin-database-url "$(CHATQ_TEST_DATABASE_URL)" \
 	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
 

@@ -13,13 +13,12 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
-import os
 import random
 import signal
 import subprocess
 import time
 from collections import Counter, defaultdict
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Mapping
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit, urlunsplit
 
@@ -28,6 +27,8 @@ import httpx
 
 from bench.support import drop_database, fresh_database, private_vhost
 from chaos import node_loss
+from chaos.postgres import PrivatePostgres
+from chaos.prometheus import AlertWatch, watching
 from shared.faults import KNOWN_POINTS
 from shared.settings import Settings
 from tests.fakes.platforms import FakeWorld, running_fakes
@@ -73,6 +74,11 @@ class Cluster:
     rabbit: node_loss.RabbitCluster | None = None
     #: When the load's last message is due (time.monotonic()).
     load_ends: float = 0.0
+    #: The scenario's own Postgres, in the scenarios that stop or restart it.
+    postgres: PrivatePostgres | None = None
+    #: When it was stopped and started again (time.monotonic()).
+    postgres_stopped_at: float | None = None
+    postgres_started_at: float | None = None
 
     @property
     def replicas(self) -> int:
@@ -147,6 +153,13 @@ class Scenario:
     on_cluster: bool = False
     #: The load lasts at least this long (the node losses need time).
     min_seconds: float = 0.0
+    #: On a Postgres of its own (chaos.postgres), which its faults may stop: never the
+    #: machine's, which other work uses.
+    private_postgres: bool = False
+    #: How long each platform waits for a webhook's answer (default: 5 s for all).
+    client_timeouts: Mapping[str, float] | None = None
+    #: Alerts a Prometheus watching the services (chaos.prometheus) must see firing.
+    alerts: tuple[str, ...] = ()
 
 
 # ---- faults --------------------------------------------------------------------------
@@ -209,14 +222,29 @@ async def broker_restart(cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, 
 async def postgres_restart(
     cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, done: asyncio.Event
 ) -> None:
+    """The scenario's own Postgres restarted (a fast shutdown, then up again at once)."""
+    assert cluster.postgres is not None
     await _sleep_or_done(done, 2)
-    version = sorted(os.listdir("/etc/postgresql"))[0]
-    await asyncio.to_thread(
-        subprocess.run,
-        ["pg_ctlcluster", "--skip-systemctl-redirect", version, "main", "restart"],
-        capture_output=True,
-        check=False,
-    )
+    await asyncio.to_thread(cluster.postgres.restart)
+
+
+#: How long the "Postgres stopped" scenario keeps it down.
+POSTGRES_DOWN_SECONDS = 120.0
+
+
+async def postgres_stopped(
+    cluster: Cluster, _proxy: TcpProxy, _world: FakeWorld, _done: asyncio.Event
+) -> None:
+    """The scenario's own Postgres stopped for two minutes under traffic, 15 s in
+    (issue 40): webhooks are held, then answered 503 and sent again; work in flight waits;
+    the load goes on through it and after it."""
+    assert cluster.postgres is not None
+    await asyncio.sleep(15)
+    await asyncio.to_thread(cluster.postgres.stop)
+    cluster.postgres_stopped_at = time.monotonic()
+    await asyncio.sleep(POSTGRES_DOWN_SECONDS)
+    await asyncio.to_thread(cluster.postgres.start)
+    cluster.postgres_started_at = time.monotonic()
 
 
 async def broker_away_with_backlog(
@@ -382,13 +410,25 @@ NODE_LOSS = Scenario(
     min_seconds=240,
 )
 NODE_KILLED_ONCE = Scenario("RabbitMQ cluster: one node killed", one_broker_node_killed, on_cluster=True)
+#: Postgres away for two minutes under traffic (issue 40): the platforms wait as long as
+#: their documents say (Telegram about 60 s, Avito 2 s, a generic sender 30 s here) and send
+#: again what did not get a 2xx; a Prometheus with the project's rules watches.
+POSTGRES_STOPPED = Scenario(
+    "Postgres stopped for 2 minutes",
+    postgres_stopped,
+    private_postgres=True,
+    min_seconds=170,
+    client_timeouts={"telegram": 60.0, "avito": 2.0, "generic": 30.0},
+    alerts=("ChatqueuePostgresUnreachable",),
+)
 FULL = [
     *SHORT,
     NODE_LOSS,
     Scenario("retry tiers unreachable while the platform fails", retry_tiers_cut),
     Scenario("responder crashes past the delivery limit", responder_crash_loop, person=retry_failed),
     Scenario("RabbitMQ stopped and started", broker_restart),
-    Scenario("Postgres restarted", postgres_restart),
+    Scenario("Postgres restarted", postgres_restart, private_postgres=True),
+    POSTGRES_STOPPED,
     *REPLICAS,
 ]
 
@@ -425,9 +465,15 @@ def make_events(messages: int, chats: int, duration: float, rng: random.Random) 
 
 
 async def deliver(
-    client: httpx.AsyncClient, event: Event, deadline: float, *, telegram_secret: str = TG_SECRET
+    client: httpx.AsyncClient,
+    event: Event,
+    deadline: float,
+    wait: float = 5.0,
+    *,
+    telegram_secret: str = TG_SECRET,
 ) -> None:
-    """Post until a 2xx, as the platforms retry; give up at the deadline."""
+    """Post until a 2xx, as the platforms retry (each waiting ``wait`` seconds for an
+    answer); give up at the deadline. A generic sender signs each attempt anew."""
     while time.monotonic() < deadline:
         event.deliveries += 1
         try:
@@ -436,11 +482,13 @@ async def deliver(
                     "/v1/webhooks/telegram",
                     json=telegram_update(int(event.message_id), chat_id=int(event.chat), text=event.text),
                     headers={"X-Telegram-Bot-Api-Secret-Token": telegram_secret},
+                    timeout=wait,
                 )
             elif event.platform == "avito":
                 r = await client.post(
                     f"/v1/webhooks/avito/{AVITO_SECRET}",
                     json=avito_webhook(event.message_id, chat_id=event.chat, text=event.text),
+                    timeout=wait,
                 )
             else:
                 body = dumps(generic_message(event.message_id, chat_id=event.chat, text=event.text))
@@ -448,6 +496,7 @@ async def deliver(
                     "/v1/webhooks/generic",
                     content=body,
                     headers=signed(GENERIC_SECRET, body, webhook_id=f"wh-{event.message_id}"),
+                    timeout=wait,
                 )
             if r.is_success:
                 event.acked = True
@@ -458,9 +507,15 @@ async def deliver(
 
 
 async def drive(
-    urls: list[str], bursts: list[list[Event]], rng: random.Random, *, duplicates: float = 0.1
+    urls: list[str],
+    bursts: list[list[Event]],
+    rng: random.Random,
+    *,
+    duplicates: float = 0.1,
+    timeouts: Mapping[str, float] | None = None,
 ) -> None:
-    """Deliver every event; each delivery (a duplicate too) goes to a receiver at random."""
+    """Deliver every event; each delivery (a duplicate too) goes to a receiver at random,
+    waiting as long as its platform waits (``timeouts``, 5 s by default)."""
     started = time.monotonic()
     deadline = started + max(e.at for b in bursts for e in b) + 90
     async with contextlib.AsyncExitStack() as stack:
@@ -473,10 +528,11 @@ async def drive(
 
         async def chat(burst: list[Event]) -> None:
             for event in burst:
+                wait = (timeouts or {}).get(event.platform, 5.0)
                 await asyncio.sleep(max(0.0, started + event.at - time.monotonic()))
-                await deliver(rng.choice(clients), event, deadline)
+                await deliver(rng.choice(clients), event, deadline, wait)
                 if rng.random() < duplicates:
-                    await deliver(rng.choice(clients), event, deadline)  # a duplicate delivery
+                    await deliver(rng.choice(clients), event, deadline, wait)  # a duplicate delivery
 
         await asyncio.gather(*(chat(b) for b in bursts))
 
@@ -507,6 +563,10 @@ class Verdict:
     #: queues held (ready + unacknowledged) once the load had drained.
     node_losses: list[dict[str, object]] = field(default_factory=list)
     unsettled: dict[str, int] = field(default_factory=dict)
+    #: The alerts the scenario expects, as a Prometheus watching the services saw them, and
+    #: those it never saw firing.
+    alerts: dict[str, str] = field(default_factory=dict)
+    alerts_missing: list[str] = field(default_factory=list)
 
     @property
     def ok(self) -> bool:
@@ -516,6 +576,7 @@ class Verdict:
             and self.out_of_order == 0
             and not any(self.unsettled.values())
             and all(loss.get("reconnected_after") is not None for loss in self.node_losses)
+            and not self.alerts_missing
         )
 
 
@@ -691,89 +752,174 @@ async def _broker(
             await proxy.close()
 
 
+@contextlib.asynccontextmanager
+async def _postgres(scenario: Scenario, infra: Infra) -> AsyncIterator[tuple[str, PrivatePostgres | None]]:
+    """The admin URL the scenario's database is made on: the machine's Postgres, or one of
+    the scenario's own that its faults may stop (removed afterwards)."""
+    if not scenario.private_postgres:
+        yield infra.admin_database_url, None
+        return
+    pg = await asyncio.to_thread(PrivatePostgres(free_port()).create)
+    try:
+        yield pg.admin_url, pg
+    finally:
+        await asyncio.to_thread(pg.remove)
+
+
+def _targets(cluster: Cluster) -> dict[str, list[str]]:
+    """Each service's /metrics, by the job names deploy/prometheus/prometheus.yml uses."""
+    jobs = {"chatqueue-receiver": [f"127.0.0.1:{port}" for port in cluster.receiver_ports]}
+    for service in ("coalescer", "responder"):
+        jobs[f"chatqueue-{service}"] = [
+            f"127.0.0.1:{cluster.procs[name].port}"  # type: ignore[attr-defined]
+            for name in cluster.names(service)
+        ]
+    return jobs
+
+
+async def _alerts_seen(
+    watch: AlertWatch, cluster: Cluster, expected: tuple[str, ...]
+) -> tuple[dict[str, str], list[str]]:
+    """When each expected alert fired (seconds after Postgres stopped) and when it was last
+    seen firing (after Postgres started again), by job; and those never seen. Waits up to
+    90 s for them to resolve once Postgres is back."""
+    async with httpx.AsyncClient(timeout=5) as client:
+        deadline = time.monotonic() + 90
+        while time.monotonic() < deadline:
+            await watch.poll(client)
+            if not any(a in expected for a, _ in watch.last_firing) or all(
+                watch.last_firing[k] < time.monotonic() - 5 for k in watch.last_firing if k[0] in expected
+            ):
+                break
+            await asyncio.sleep(2)
+    stopped = cluster.postgres_stopped_at or 0.0
+    started = cluster.postgres_started_at or stopped
+    seen: dict[str, str] = {}
+    for alert in expected:
+        jobs = sorted(j for a, j in watch.first_firing if a == alert)
+        if jobs:
+            seen[alert] = "; ".join(
+                f"{job}: fired +{watch.first_firing[(alert, job)] - stopped:.0f} s after the stop, "
+                f"last seen firing {watch.last_firing[(alert, job)] - started:+.0f} s from the start"
+                for job in jobs
+            )
+    return seen, [a for a in expected if a not in seen]
+
+
 async def run_scenario(
     scenario: Scenario, infra: Infra, *, messages: int, chats: int, duration: float, seed: int = 1
 ) -> Verdict:
     rng = random.Random(seed)
     duration = max(duration, scenario.min_seconds)
-    name, db_url = await fresh_database(infra.admin_database_url)
-    try:
-        async with _broker(scenario, infra) as (amqp_url, proxy, rabbit), running_fakes() as world:
-            started = time.monotonic()  # the cluster's boot is not the scenario's time
-            settings = Settings(
-                database_url=db_url,
-                amqp_url=amqp_url,
-                telegram_webhook_secret=TG_SECRET,
-                telegram_bot_token="4242:chaos",
-                telegram_api_base=world.url,
-                avito_webhook_secret=AVITO_SECRET,
-                avito_client_id="chaos",
-                avito_client_secret="chaos-secret",
-                avito_api_base=world.url,
-                # The campaign's traffic is far above a real account's; Avito's per-minute
-                # budget is tested by its own tests, not here.
-                avito_requests_per_minute=100_000,
-                generic_webhook_secret=GENERIC_SECRET,
-                generic_reply_url=f"{world.url}/generic/replies",
-                llm_base_url=f"{world.url}/v1" if scenario.llm else None,
-                llm_timeout_seconds=1.0,
-                admin_token="chaos-admin",
-                quiet_seconds=0.3,
-                reply_delay_min_seconds=0.3,
-                reply_delay_max_seconds=0.8,
-                max_wait_seconds=2.0,
-                retry_delays_seconds="0.5,1,2",
-                max_attempts=8,
-                platform_timeout_seconds=1.0,
-                coalescer_poll_seconds=0.2,
-                relay_poll_seconds=0.2,
-                database_pool_size=6,
-                log_level="WARNING",
-            )
-            cluster = Cluster(settings, [free_port() for _ in range(scenario.replicas)], rabbit=rabbit)
-            await cluster.start_all()
-            pool = await asyncpg.create_pool(db_url, min_size=1, max_size=2)
-            try:
-                bursts = make_events(messages, chats, duration, rng)
-                done = asyncio.Event()
-                cluster.load_ends = time.monotonic() + duration
-                faults = asyncio.create_task(scenario.faults(cluster, proxy, world, done))
-                await drive(cluster.receiver_urls, bursts, rng)
-                done.set()
-                await faults
-                proxy.unblock()
-                world.random_faults = {}
-                await cluster.ensure_running()
+    async with _postgres(scenario, infra) as (admin_database_url, private):
+        name, db_url = await fresh_database(admin_database_url)
+        try:
+            return await _run(scenario, infra, db_url, private, rng, messages, chats, duration)
+        finally:
+            with contextlib.suppress(Exception):
+                await drop_database(admin_database_url, name)
+
+
+async def _run(
+    scenario: Scenario,
+    infra: Infra,
+    db_url: str,
+    private: PrivatePostgres | None,
+    rng: random.Random,
+    messages: int,
+    chats: int,
+    duration: float,
+) -> Verdict:
+    async with (
+        _broker(scenario, infra) as (amqp_url, proxy, rabbit),
+        running_fakes() as world,
+        contextlib.AsyncExitStack() as stack,
+    ):
+        started = time.monotonic()  # the cluster's boot is not the scenario's time
+        settings = Settings(
+            database_url=db_url,
+            amqp_url=amqp_url,
+            telegram_webhook_secret=TG_SECRET,
+            telegram_bot_token="4242:chaos",
+            telegram_api_base=world.url,
+            avito_webhook_secret=AVITO_SECRET,
+            avito_client_id="chaos",
+            avito_client_secret="chaos-secret",
+            avito_api_base=world.url,
+            # The campaign's traffic is far above a real account's; Avito's per-minute
+            # budget is tested by its own tests, not here.
+            avito_requests_per_minute=100_000,
+            generic_webhook_secret=GENERIC_SECRET,
+            generic_reply_url=f"{world.url}/generic/replies",
+            llm_base_url=f"{world.url}/v1" if scenario.llm else None,
+            llm_timeout_seconds=1.0,
+            admin_token="chaos-admin",
+            quiet_seconds=0.3,
+            reply_delay_min_seconds=0.3,
+            reply_delay_max_seconds=0.8,
+            max_wait_seconds=2.0,
+            retry_delays_seconds="0.5,1,2",
+            max_attempts=8,
+            platform_timeout_seconds=1.0,
+            coalescer_poll_seconds=0.2,
+            relay_poll_seconds=0.2,
+            database_pool_size=6,
+            log_level="WARNING",
+        )
+        cluster = Cluster(
+            settings, [free_port() for _ in range(scenario.replicas)], rabbit=rabbit, postgres=private
+        )
+        await cluster.start_all()
+        watch: AlertWatch | None = None
+        watching_done = asyncio.Event()
+        if scenario.alerts:
+            watch = await stack.enter_async_context(watching(_targets(cluster)))
+            watcher = asyncio.create_task(watch.watch(watching_done))
+        # No floor of idle connections: the pool does not fight a Postgres stopped on purpose.
+        pool = await asyncpg.create_pool(db_url, min_size=0, max_size=2)
+        try:
+            bursts = make_events(messages, chats, duration, rng)
+            done = asyncio.Event()
+            cluster.load_ends = time.monotonic() + duration
+            faults = asyncio.create_task(scenario.faults(cluster, proxy, world, done))
+            await drive(cluster.receiver_urls, bursts, rng, timeouts=scenario.client_timeouts)
+            done.set()
+            await faults
+            proxy.unblock()
+            world.random_faults = {}
+            await cluster.ensure_running()
+            await drain(pool)
+            person: Counter[str] = Counter()
+            if scenario.person is not None:
+                async with httpx.AsyncClient(
+                    base_url=cluster.receiver_urls[0],
+                    headers={"Authorization": "Bearer chaos-admin"},
+                    timeout=10,
+                ) as admin:
+                    person = await scenario.person(admin, pool, world)
                 await drain(pool)
-                person: Counter[str] = Counter()
-                if scenario.person is not None:
-                    async with httpx.AsyncClient(
-                        base_url=cluster.receiver_urls[0],
-                        headers={"Authorization": "Bearer chaos-admin"},
-                        timeout=10,
-                    ) as admin:
-                        person = await scenario.person(admin, pool, world)
-                    await drain(pool)
-                result = await verdict(
-                    scenario.name,
-                    pool,
-                    world,
-                    bursts,
-                    sum(cluster.restarts.values()),
-                    time.monotonic() - started,
-                    person,
-                )
-                if rabbit is not None:
-                    await node_loss.first_replies(pool, rabbit.losses)
-                    result.node_losses = [asdict(loss) for loss in rabbit.losses]
-                    result.unsettled = await rabbit.unsettled()
-                return result
-            finally:
-                await pool.close()
-                await cluster.stop_all()
-    finally:
-        with contextlib.suppress(Exception):
-            await drop_database(infra.admin_database_url, name)
+            result = await verdict(
+                scenario.name,
+                pool,
+                world,
+                bursts,
+                sum(cluster.restarts.values()),
+                time.monotonic() - started,
+                person,
+            )
+            if rabbit is not None:
+                await node_loss.first_replies(pool, rabbit.losses)
+                result.node_losses = [asdict(loss) for loss in rabbit.losses]
+                result.unsettled = await rabbit.unsettled()
+            if watch is not None:
+                watching_done.set()
+                await watcher
+                result.alerts, result.alerts_missing = await _alerts_seen(watch, cluster, scenario.alerts)
+            return result
+        finally:
+            watching_done.set()
+            await pool.close()
+            await cluster.stop_all()
 
 
 def table(verdicts: list[Verdict]) -> str:
@@ -827,6 +973,10 @@ def table(verdicts: list[Verdict]) -> str:
             lines += node_loss.report(losses, v.unsettled)
         if v.reasons:
             lines.append(f"  {v.scenario}: " + "; ".join(f"{n}× {r}" for r, n in v.reasons.items()))
+        for alert, seen in v.alerts.items():
+            lines.append(f"  {v.scenario}, alert {alert}: {seen}")
+        for alert in v.alerts_missing:
+            lines.append(f"  {v.scenario}, ALERT NEVER SEEN FIRING: {alert}")
         if v.lost_reasons:
             lines.append(
                 f"  {v.scenario}, LOST: " + "; ".join(f"{n}× {r}" for r, n in v.lost_reasons.items())

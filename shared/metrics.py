@@ -12,7 +12,8 @@ REPLY_BUCKETS = (0.5, 1, 2.5, 5, 10, 20, 30, 45, 60, 90, 120, 180, 300, 600, 180
 
 WEBHOOKS = Counter(
     "chatq_webhooks_total",
-    "Webhook deliveries by platform and outcome (accepted, duplicate, ignored, rejected).",
+    "Webhook deliveries by platform and outcome (accepted, duplicate, ignored, rejected; unavailable: a 503 "
+    "while Postgres was away, sent again by the platform).",
     ["platform", "outcome"],
 )
 WEBHOOK_SECONDS = Histogram(
@@ -107,13 +108,34 @@ RECOVERED_MESSAGES = Counter(
 RETENTION_PURGED = Counter(
     "chatq_retention_purged_total", "Finished rows deleted by the retention rule, by table.", ["table"]
 )
+# Seeing a Postgres outage (issue 40): gauges read from Postgres keep their last value while
+# it is away, so each set says when it was last refreshed; readiness is exported per check
+# (re-evaluated every few seconds, not only when a probe asks); and work retried in the
+# process because Postgres or the network failed under it is counted.
+GAUGES_REFRESHED = Gauge(
+    "chatq_gauges_refreshed_timestamp_seconds",
+    "When a set of gauges read from Postgres was last refreshed (Unix time), by set: backlog "
+    "(chatq_backlog, chatq_oldest_unfinished_age_seconds), outbox (chatq_outbox_pending, chatq_outbox_lag_seconds).",
+    ["gauges"],
+)
+READY = Gauge(
+    "chatq_ready",
+    "Readiness per check, as /readyz judges it (1 ok, 0 failing): postgres, rabbitmq, progress.",
+    ["check"],
+)
+IN_PROCESS_RETRIES = Counter(
+    "chatq_in_process_retries_total",
+    "Work retried in the process because Postgres or the network failed under it, by where "
+    "(a consumer's queue, the outbox relay, the webhook intake) and error class.",
+    ["where", "error"],
+)
 
 
 # Label values known before any event. A counter child born at its first event has no
 # earlier sample, so increase() and rate() cannot see that event: a pod's first failure
 # or retry would be invisible to the alerts. Each service creates these children at 0
 # when it starts (``create_known_series``).
-WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected")
+WEBHOOK_OUTCOMES = ("accepted", "duplicate", "ignored", "rejected", "unavailable")
 # The responder's retry reasons (RetryLater kinds in services/responder/handler.py; a
 # unit test keeps the two lists equal): "<stage>_transient" for the model and each
 # platform, and the reasons that are not a stage's failure.

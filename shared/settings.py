@@ -253,6 +253,11 @@ class Settings(BaseSettings):
 
     # Intake
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
+    # While Postgres is unreachable a webhook is held this long, its store tried again,
+    # before a 503 asks the platform to send it again (README "When Postgres is down"):
+    # under Telegram's ~60 s wait for an answer. Avito's are held 1.5 s at most (it wants
+    # an answer within 2 s). 0: a 503 at once.
+    webhook_hold_seconds: float = Field(default=50.0, ge=0, le=600)
 
     # Relay
     relay_enabled: bool = True

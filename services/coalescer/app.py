@@ -17,7 +17,7 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Batching, Consumer
 from shared.broker.dead_letters import DeadLetterRecorder
 from shared.broker.topology import COALESCER_DEAD_QUEUE, COALESCER_QUEUE, JOBS_EXCHANGE, Topology
-from shared.ops_http import consumer_readiness, ops_server
+from shared.ops_http import READINESS_SECONDS, consumer_readiness, ops_server, readiness_gauges
 from shared.outbox import Relay
 from shared.retention import Retention
 from shared.runner import Supervisor, serve
@@ -135,11 +135,11 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         finally:
             relay.stop()
 
-    server = ops_server(
-        consumer_readiness(consumer, pool, stall_seconds=settings.consumer_stall_seconds, others=[dead]),
-        settings.http_host,
-        settings.metrics_port,
+    readiness = consumer_readiness(
+        consumer, pool, stall_seconds=settings.consumer_stall_seconds, others=[dead]
     )
+    server = ops_server(readiness, settings.http_host, settings.metrics_port)
+    parts.every(READINESS_SECONDS, "readiness gauges", readiness_gauges(readiness))
     grace = settings.shutdown_grace_seconds
     parts.run("ops-http", server.serve(), stop=lambda: setattr(server, "should_exit", True))
     parts.run("relay", relay.run(), stop=last_relay_pass)

@@ -29,7 +29,7 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.topology import INBOUND_EXCHANGE
 from shared.faults import fault_point
 from shared.lifecycle import freeze_startup_heap
-from shared.ops_http import OpsServer
+from shared.ops_http import READINESS_SECONDS, OpsServer, export_readiness, postgres_check, readiness_gauges
 from shared.outbox import Relay
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
@@ -39,10 +39,12 @@ from . import admin as admin_api
 from .direct import ReceiverApp
 from .errors import ApiError, install_error_handlers
 from .intake import (
+    AVITO_HOLD_SECONDS,
     Intake,
     IntakeBatcher,
     Stored,
     announce_review,
+    held_while_postgres_is_away,
     parse_json,
     record_business_connection,
     store,
@@ -82,6 +84,8 @@ async def _refresh_backlog_gauges(pool: asyncpg.Pool, *, per_account: bool = Fal
         metrics.ACCOUNT_BACKLOG.clear()
         for (platform, account), n in (await admin_api.account_numbers(pool)).items():
             metrics.ACCOUNT_BACKLOG.labels(platform=platform, account=account).set(n["backlog"])
+    # While Postgres is away the gauges keep their last values: this says how old they are.
+    metrics.GAUGES_REFRESHED.labels(gauges="backlog").set_to_current_time()
 
 
 @dataclass(frozen=True)
@@ -142,6 +146,7 @@ class ReceiverApps:
             alerts_http,
         )
         runtime = Runtime(pool, broker, relay, accounts, intake, alerter)
+        parts.every(READINESS_SECONDS, "readiness gauges", readiness_gauges(lambda: receiver_checks(runtime)))
         if settings.avito_poll_seconds > 0:
             # With or without the environment's Avito credentials: accounts added as data are
             # read too. A round without an Avito account asks nothing.
@@ -234,17 +239,26 @@ def _webhook_routes(settings: Settings) -> APIRouter:
 
     async def accept(request: Request, platform: str, intake: Intake) -> Stored:
         account = registry(request).get(platform, intake.account_id)
-        if (
-            account is None
-            and intake.chat_id is not None
-            and intake.account_id != avito.UNKNOWN_ACCOUNT
-            and (platform, intake.account_id) not in seen
-        ):
-            # The environment's account, named by its first message (Avito's user id).
-            await record_seen(request.app.state.pool, platform, intake.account_id)
-            seen.add((platform, intake.account_id))
         runtime: Runtime = request.app.state.runtime
-        stored = await admit(runtime, settings, intake)
+
+        async def admitted() -> Stored:
+            if (
+                account is None
+                and intake.chat_id is not None
+                and intake.account_id != avito.UNKNOWN_ACCOUNT
+                and (platform, intake.account_id) not in seen
+            ):
+                # The environment's account, named by its first message (Avito's user id).
+                await record_seen(request.app.state.pool, platform, intake.account_id)
+                seen.add((platform, intake.account_id))
+            return await admit(runtime, settings, intake)
+
+        # While Postgres is away: held as long as the platform waits for an answer, then a
+        # 503 it sends again (README "When Postgres is down").
+        wait = settings.webhook_hold_seconds
+        stored = await held_while_postgres_is_away(
+            admitted, min(wait, AVITO_HOLD_SECONDS) if platform == "avito" else wait
+        )
         fault_point("receiver.after_commit")
         if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":
             runtime.relay.notify()
@@ -391,21 +405,27 @@ async def healthz() -> dict[str, str]:
     return {"status": "ok"}
 
 
+async def receiver_checks(runtime: Runtime) -> dict[str, str]:
+    """Postgres, and RabbitMQ as the relay of this process reaches it (no relay: no check).
+    The relay keeps its broker connection through a Postgres outage, so only the check
+    that failed is named."""
+    checks = {"postgres": await postgres_check(runtime.pool)}
+    if runtime.relay is not None:
+        checks["rabbitmq"] = "ok" if runtime.broker.is_open else "unreachable"
+    return checks
+
+
 @health.get("/readyz")
 async def readyz(request: Request) -> JSONResponse:
     runtime: Runtime = request.app.state.runtime
-    checks: dict[str, str] = {}
-    try:
-        await asyncio.wait_for(runtime.pool.fetchval("SELECT 1"), timeout=2)
-        checks["postgres"] = "ok"
-    except Exception as exc:
-        checks["postgres"] = f"unreachable: {type(exc).__name__}"
-    checks["rabbitmq"] = "ok" if runtime.broker.is_open else "unreachable"
-    # Intake needs Postgres only: while RabbitMQ is away the outbox holds what
-    # arrives, so the receiver stays in rotation and reports itself degraded.
-    ready = checks["postgres"] == "ok"
-    status = "ok" if ready and checks["rabbitmq"] == "ok" else ("degraded" if ready else "unready")
-    return JSONResponse({"status": status, "checks": checks}, status_code=200 if ready else 503)
+    checks = await receiver_checks(runtime)
+    failed = export_readiness(checks)
+    # The receiver stays in rotation whatever failed, and says which. While RabbitMQ is
+    # away the outbox holds what arrives. While Postgres is away each webhook is held as
+    # long as its platform waits, then answered 503 to be sent again: taken out of
+    # rotation, every receiver would leave the platforms to the load balancer's own 503,
+    # which holds nothing (README "When Postgres is down").
+    return JSONResponse({"status": "degraded" if failed else "ok", "failing": failed, "checks": checks})
 
 
 async def run(settings: Settings, stop: asyncio.Event) -> int:
@@ -528,7 +548,8 @@ async def _json_body(request: Request) -> bytes:
 
 
 class _rejections:
-    """Count every 4xx a webhook endpoint answers, by platform."""
+    """Count every 4xx a webhook endpoint answers (rejected), and every 503 (unavailable),
+    by platform."""
 
     def __init__(self, platform: str) -> None:
         self.platform = platform
@@ -537,6 +558,9 @@ class _rejections:
         return None
 
     def __exit__(self, exc_type: type[BaseException] | None, exc: BaseException | None, tb: Any) -> None:
-        if isinstance(exc, ApiError):
+        if isinstance(exc, ApiError) and exc.status >= 500:
+            # Not the delivery's fault (Postgres away): the platform sends it again.
+            metrics.WEBHOOKS.labels(platform=self.platform, outcome="unavailable").inc()
+        elif isinstance(exc, ApiError):
             metrics.WEBHOOKS.labels(platform=self.platform, outcome="rejected").inc()
             logger.info("rejected %s webhook: %s %s", self.platform, exc.status, exc.code)

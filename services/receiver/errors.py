@@ -11,18 +11,23 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 
 
 class ApiError(Exception):
-    def __init__(self, status: int, code: str, message: str, **details: Any) -> None:
+    def __init__(
+        self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None, **details: Any
+    ) -> None:
         super().__init__(message)
         self.status = status
         self.code = code
         self.message = message
+        self.headers = headers
         self.details = details
 
 
-def error_response(status: int, code: str, message: str, **details: Any) -> JSONResponse:
+def error_response(
+    status: int, code: str, message: str, *, headers: dict[str, str] | None = None, **details: Any
+) -> JSONResponse:
     body: dict[str, Any] = {"code": code, "message": message}
     body.update(details)
-    return JSONResponse({"error": body}, status_code=status)
+    return JSONResponse({"error": body}, status_code=status, headers=headers)
 
 
 _STATUS_CODES = {
@@ -40,7 +45,7 @@ _STATUS_CODES = {
 def install_error_handlers(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
     async def _api_error(_: Request, exc: ApiError) -> JSONResponse:
-        return error_response(exc.status, exc.code, exc.message, **exc.details)
+        return error_response(exc.status, exc.code, exc.message, headers=exc.headers, **exc.details)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:

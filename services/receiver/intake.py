@@ -19,6 +19,7 @@ import dataclasses
 import json
 import logging
 import uuid
+from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
 from datetime import UTC, datetime
 
@@ -27,6 +28,7 @@ from prometheus_client import Counter
 
 from shared import metrics
 from shared.alerts import Alerter
+from shared.broker.consumer import Outcome, classify
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 from shared.ids import new_id
 from shared.messages import chat_key
@@ -180,6 +182,46 @@ def check_storable(field: str, value: str | None) -> None:
         raise ApiError(422, "invalid_payload", f"{field} is not valid Unicode") from None
 
 
+#: Avito wants a webhook's answer within about 2 s: held no longer than this.
+AVITO_HOLD_SECONDS = 1.5
+#: What a 503 asks the sender to wait before sending again (Telegram keeps its own pace).
+RETRY_AFTER_SECONDS = 10
+
+
+async def held_while_postgres_is_away(store: Callable[[], Awaitable[Stored]], hold_seconds: float) -> Stored:
+    """``store()``; while Postgres is unreachable (the error the consumers retry in
+    process: connection refused or lost, the server shutting down or out of connections),
+    tried again with backoff for up to ``hold_seconds``, the delivery held meanwhile; then
+    a 503 with Retry-After and nothing stored, which every platform sends again. An attempt
+    that outlasts the hold may still commit: the platform's next delivery is then a
+    duplicate, never a second message."""
+    loop = asyncio.get_running_loop()
+    deadline = loop.time() + hold_seconds
+    backoff = 0.1
+    while True:
+        left = deadline - loop.time()
+        try:
+            return await asyncio.wait_for(store(), timeout=max(left, 0.5))
+        except Exception as exc:
+            if not isinstance(exc, TimeoutError) and classify(exc) is not Outcome.RETRY_IN_PROCESS:
+                raise
+            error = exc
+        left = deadline - loop.time()
+        if left <= 0:
+            logger.warning(
+                "webhook not stored: Postgres is unreachable (%s: %s)", type(error).__name__, error
+            )
+            raise ApiError(
+                503,
+                "database_unavailable",
+                "the message could not be stored (the database is unreachable) and nothing was kept: send it again",
+                headers={"Retry-After": str(RETRY_AFTER_SECONDS)},
+            )
+        metrics.IN_PROCESS_RETRIES.labels(where="intake", error=type(error).__name__).inc()
+        await asyncio.sleep(min(backoff, left))
+        backoff = min(backoff * 2, 2.0)
+
+
 @dataclass(frozen=True)
 class Stored:
     operation_id: uuid.UUID
@@ -238,7 +280,7 @@ WITH clock AS (SELECT clock_timestamp() AS now), late AS (
                 WHERE w.chat_key = chatq_chat_key($2, $3, $5) AND w.status = 'open')
         OR EXISTS (SELECT 1 FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
                    WHERE r.chat_key = chatq_chat_key($2, $3, $5) AND r.status IN ('pending', 'processing')
-                     AND (d.job_id IS NULL OR (d.status = 'not_sent' AND NOT d.maybe_sent)))
+                     AND NOT chatq_delivery_may_have_sent(d.status, d.maybe_sent))
         OR EXISTS (SELECT 1 FROM operations t
                    WHERE t.platform = $2 AND t.account_id = $3 AND t.chat_id = $5
                      AND t.status IN ('accepted', 'queued')

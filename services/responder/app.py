@@ -16,7 +16,7 @@ from shared.broker.consumer import Consumer, RetryTiers
 from shared.broker.dead_letters import DeadLetterRecorder
 from shared.broker.publisher import ConfirmingPublisher
 from shared.broker.topology import RESPONDER_DEAD_QUEUE, RESPONDER_QUEUE
-from shared.ops_http import consumer_readiness, ops_server
+from shared.ops_http import READINESS_SECONDS, consumer_readiness, ops_server, readiness_gauges
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
 
@@ -121,11 +121,11 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         DeadLetterRecorder(pool, RESPONDER_DEAD_QUEUE, responder.dead_lettered).handle,
         prefetch=10,
     )
-    server = ops_server(
-        consumer_readiness(consumer, pool, stall_seconds=settings.consumer_stall_seconds, others=[dead]),
-        settings.http_host,
-        settings.metrics_port,
+    readiness = consumer_readiness(
+        consumer, pool, stall_seconds=settings.consumer_stall_seconds, others=[dead]
     )
+    server = ops_server(readiness, settings.http_host, settings.metrics_port)
+    parts.every(READINESS_SECONDS, "readiness gauges", readiness_gauges(readiness))
     grace = settings.shutdown_grace_seconds
     parts.run("ops-http", server.serve(), stop=lambda: setattr(server, "should_exit", True))
     parts.every(min(5.0, settings.account_probe_seconds), "account probe", responder.probe_accounts)

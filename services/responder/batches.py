@@ -17,6 +17,8 @@ import contextlib
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from typing import Any, TypeVar
 
+import asyncpg
+
 from shared.db import Conn
 
 Item = TypeVar("Item")
@@ -35,7 +37,8 @@ class SharedConnection:
         #: Sessions using it now; the store returns it to the pool when none is left.
         self.members = 0
         #: A lock may have outlived its job here (an unlock that did not complete, a
-        #: statement cut short): no new session joins, and it is closed, not pooled.
+        #: statement cut short), or the connection was lost: no new session joins, and it
+        #: is closed, not pooled.
         self.broken = False
         #: Statements sent and calls they answered (what the batching achieves).
         self.statements = 0
@@ -52,7 +55,11 @@ class SharedConnection:
         async with self._lock:
             self.statements += 1
             self.calls += 1
-            yield conn
+            try:
+                yield conn
+            finally:
+                if lost(conn):
+                    self.broken = True  # the jobs that run again go elsewhere
 
     async def together(self, kind: str, item: Item, runner: Runner[Item, Result]) -> Result:
         """``item``'s result from one statement of ``kind`` for every call of that kind
@@ -81,8 +88,8 @@ class SharedConnection:
         try:
             results = await runner(conn, [item for item, _ in batch])
         except BaseException as exc:
-            if isinstance(exc, asyncio.CancelledError):
-                self.broken = True  # a statement cut short: its locks are unknown
+            if isinstance(exc, asyncio.CancelledError) or lost(conn):
+                self.broken = True  # a statement cut short (its locks are unknown), or the connection lost
             for _, future in batch:
                 if not future.done():
                     future.set_exception(
@@ -96,3 +103,12 @@ class SharedConnection:
                 future.set_exception(result)
             else:
                 future.set_result(result)
+
+
+def lost(conn: Conn) -> bool:
+    """Whether the connection is gone. A pooled one lost under us is detached from its
+    proxy at once, and then every call on it, ``is_closed`` too, raises."""
+    try:
+        return conn.is_closed()
+    except asyncpg.InterfaceError:
+        return True

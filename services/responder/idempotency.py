@@ -14,9 +14,10 @@ shared/functions/30_jobs.sql, under the transition tables of shared/state).
 from __future__ import annotations
 
 import contextlib
+import logging
 import uuid
 from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from datetime import datetime
 from typing import TypeVar
 
@@ -24,7 +25,7 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from shared import metrics
-from shared.broker.consumer import Reject
+from shared.broker.consumer import Outcome, Reject, classify
 from shared.db import Conn, one
 from shared.messages import JobCaps
 from shared.messages import chat_key as make_chat_key
@@ -32,9 +33,11 @@ from shared.state import account as account_state
 from shared.state import job as job_state
 from shared.state.job import DeliveryStatus, lock_key
 
-from .batches import SharedConnection
+from .batches import SharedConnection, lost
 from .llm import Turn
 from .platforms.base import Attempts
+
+logger = logging.getLogger(__name__)
 
 T = TypeVar("T")
 ItemT = TypeVar("ItemT")
@@ -134,6 +137,27 @@ class JobBusy(Exception):
     """Another handler (a redelivery racing the first) is working on this job now."""
 
 
+@dataclass
+class Unrecorded:
+    """What the platform told this process about a job's sends whose record was lost with
+    the connection (the statement may not have committed): the platform's message ids.
+    When the connection drops, the consumer runs the job's handler again in this process,
+    and its claim records these first (``PgJobSession.claim``). Claimed again instead, the
+    job found its delivery 'sending' and, on a platform that cannot be asked (Telegram),
+    went to a person although its reply was delivered."""
+
+    #: Parts of a reply in parts the platform took: part number -> platform message id.
+    parts: dict[int, str] = field(default_factory=dict)
+    #: The whole reply the platform took: its text and its (last part's) platform message id.
+    sent: tuple[str, str] | None = None
+
+
+def _connection_lost(exc: BaseException) -> bool:
+    """Whether a statement failed with its connection or server (the consumer then runs
+    the handler again, in this process) rather than for what it asked."""
+    return classify(exc) is Outcome.RETRY_IN_PROCESS
+
+
 class JobStore:
     def __init__(
         self, pool: asyncpg.Pool, *, history: int = 12, caps: JobCaps | None = None, batch: int = 8
@@ -146,6 +170,8 @@ class JobStore:
         self._open: list[SharedConnection] = []
         #: The session of this process that holds each job's lock now (or may: a claim sent).
         self.holders: dict[uuid.UUID, PgJobSession] = {}
+        #: Sends the platform took whose record was lost with the connection, by job.
+        self.unrecorded: dict[uuid.UUID, Unrecorded] = {}
         #: Statements sent on connections given back, and the jobs' calls they answered.
         self.statements = 0
         self.calls = 0
@@ -170,7 +196,7 @@ class JobStore:
         shared.members += 1
         try:
             await shared.connection()
-            session = PgJobSession(shared, job_id, self._history, self._caps, self.holders)
+            session = PgJobSession(shared, job_id, self._history, self._caps, self.holders, self.unrecorded)
             try:
                 yield session
             finally:
@@ -191,7 +217,10 @@ class JobStore:
         except Exception:
             return  # never acquired
         if shared.broken:
-            conn.terminate()
+            # A connection lost under us is detached from its proxy already, and the pool
+            # knows: terminate (which then raises) has nothing left to do.
+            with contextlib.suppress(asyncpg.InterfaceError):
+                conn.terminate()
         assert isinstance(conn, PoolConnectionProxy)  # acquired from the pool
         await self._pool.release(conn)
 
@@ -258,6 +287,7 @@ class PgJobSession:
         history: int,
         caps: JobCaps | None = None,
         holders: dict[uuid.UUID, PgJobSession] | None = None,
+        unrecorded: dict[uuid.UUID, Unrecorded] | None = None,
     ) -> None:
         self._shared = shared
         self._job_id = job_id
@@ -265,6 +295,7 @@ class PgJobSession:
         self._history = history
         self._caps = caps or JobCaps()
         self._holders = holders if holders is not None else {}
+        self._unrecorded = unrecorded if unrecorded is not None else {}
         # None: unknown (a claim that raised may have taken it); True: held; False: not held.
         self._locked: bool | None = False
 
@@ -292,6 +323,8 @@ class PgJobSession:
         unlocked = False
         try:
             async with self._shared.alone() as conn:
+                if lost(conn):
+                    return  # the connection's locks ended with it (it is closed, not pooled)
                 if conn.is_in_transaction():
                     raise asyncpg.InterfaceError("a transaction is still open")
                 # Only this job's lock: the connection's other jobs hold theirs. Session
@@ -311,6 +344,12 @@ class PgJobSession:
     async def claim(self, job_id: uuid.UUID, attempt: int) -> Job | Skip | Reconcile:
         if self._held_elsewhere(job_id):
             raise JobBusy(f"job {job_id} is being handled by another consumer")
+        known = self._unrecorded.get(job_id)
+        if known is not None:
+            # Before anything else: what the platform took, recorded with its ids.
+            done = await self._record_known(job_id, known)
+            if done is not None:
+                return done
         self._set_locked(None)
         # One composite value (chatq_claim_result) per job, its fields and its rows read by name.
         row = await self._shared.together(
@@ -362,15 +401,60 @@ class PgJobSession:
         return replace(job, messages=tuple(_message(r) for r in rows))
 
     async def record_sent(self, job: Job, text: str, platform_message_id: str) -> datetime:
+        try:
+            row = await self._record_sent(job.job_id, text, platform_message_id)
+        except Exception as exc:
+            if _connection_lost(exc):
+                self._unrecorded.setdefault(job.job_id, Unrecorded()).sent = (text, platform_message_id)
+            raise
+        self._unrecorded.pop(job.job_id, None)
+        return row["sent_at"]  # type: ignore[no-any-return]
+
+    async def _record_sent(self, job_id: uuid.UUID, text: str, platform_message_id: str) -> asyncpg.Record:
+        """chatq_record_sent with the jobs recording at this moment; the receipt-to-reply
+        and replied metrics."""
         row = await self._shared.together(
-            "record_sent", (job.job_id, text, platform_message_id, self._lock_key), _record_sent_many
+            "record_sent", (job_id, text, platform_message_id, self._lock_key), _record_sent_many
         )
         self._set_locked(False)
         sent_at: datetime = row["sent_at"]
         for received_at in row["received_ats"]:
             metrics.RECEIPT_TO_REPLY.observe(max((sent_at - received_at).total_seconds(), 0.0))
         metrics.OPERATIONS.labels(outcome="replied").inc(len(row["received_ats"]))
-        return sent_at
+        return row
+
+    async def _record_known(self, job_id: uuid.UUID, known: Unrecorded) -> Skip | None:
+        """Record what the platform took before the connection was lost (see
+        ``Unrecorded``): parts first; then the reply, which settles the job (a Skip says
+        so). None when only parts were known: the claim goes on, and resumes the reply
+        from them. A loss again raises, and what is known stays for the next run."""
+        for number, message_id in sorted(known.parts.items()):
+            await self.part_done(job_id, number, DeliveryStatus.SENT, message_id)
+            del known.parts[number]
+        if known.sent is None:
+            self._unrecorded.pop(job_id, None)
+            return None
+        text, message_id = known.sent
+        try:
+            await self._record_sent(job_id, text, message_id)
+        except asyncpg.CheckViolationError:
+            # Not in flight: recorded before the connection went (its commit's answer was
+            # what was lost), or settled since by another consumer.
+            self._unrecorded.pop(job_id, None)
+            status = await self._run(
+                lambda conn: conn.fetchval("SELECT status FROM reply_jobs WHERE id = $1", job_id)
+            )
+            if status != job_state.J.SENT:
+                logger.error(
+                    "job %s: the platform took its reply (message %s), but the job is %s now: not recorded",
+                    job_id,
+                    message_id,
+                    status,
+                    extra={"job_id": job_id},
+                )
+            return Skip(f"job already {status}")
+        self._unrecorded.pop(job_id, None)
+        return Skip(f"its reply (platform message {message_id}) recorded again after the connection was lost")
 
     async def recorded_message_ids(self, job: Job, limit: int = 200) -> list[str]:
         """The platform ids of the chat's replies (and their parts) already recorded,
@@ -418,7 +502,19 @@ class PgJobSession:
         self, job_id: uuid.UUID, number: int, status: DeliveryStatus, message_id: str | None = None
     ) -> None:
         """Part ``number``'s outcome. Once a part is on the platform the job's reply is partly
-        sent (maybe_sent): every later attempt resumes it, never writes a new one."""
+        sent (maybe_sent): every later attempt resumes it, never writes a new one. A part
+        sent whose record is lost with the connection is recorded by the job's next claim
+        in this process (``Unrecorded``)."""
+        try:
+            await self._part_done(job_id, number, status, message_id)
+        except Exception as exc:
+            if status is DeliveryStatus.SENT and message_id is not None and _connection_lost(exc):
+                self._unrecorded.setdefault(job_id, Unrecorded()).parts[number] = message_id
+            raise
+
+    async def _part_done(
+        self, job_id: uuid.UUID, number: int, status: DeliveryStatus, message_id: str | None
+    ) -> None:
         await self._run(
             lambda conn: conn.execute(
                 """

@@ -114,23 +114,52 @@ class BrokerConnection:
         return connection
 
     async def channel(self, *, publisher_confirms: bool = False) -> AbstractChannel:
-        connection = await self.connect()
-        return await connection.channel(
-            publisher_confirms=publisher_confirms, on_return_raises=publisher_confirms
-        )
+        return (await self.open_channel(publisher_confirms=publisher_confirms))[1]
 
-    async def reset(self) -> None:
-        """Drop the connection after an error; the next ``connect`` opens a new one."""
+    async def open_channel(
+        self, *, publisher_confirms: bool = False
+    ) -> tuple[AbstractConnection, AbstractChannel]:
+        """A new channel and the connection it is on: what the caller hands to ``reset``
+        when an error comes through that channel."""
+        connection = await self.connect()
+        try:
+            channel = await connection.channel(
+                publisher_confirms=publisher_confirms, on_return_raises=publisher_confirms
+            )
+        except Exception:
+            # A connection that died unnoticed (aio-pika may report it open): dropped
+            # here, so the next caller gets a new one instead of the same failure.
+            await self.reset(connection)
+            raise
+        return connection, channel
+
+    async def reset(self, failed: AbstractConnection | None) -> None:
+        """Drop ``failed``, the connection an error came through (None: the caller had
+        none, its connect failed); the next ``connect`` opens a new one. The connection is
+        shared: when another user has already replaced ``failed``, the current one is
+        theirs and stays open (a late reset once closed it under them)."""
         async with self._lock:
-            await self._discard()
+            if failed is None:
+                return
+            if failed is self._connection:
+                await self._discard()
+            else:
+                await self._close(failed)
 
     async def _discard(self) -> None:
         connection, self._connection = self._connection, None
-        if connection is not None and not connection.is_closed:
+        if connection is not None:
+            await self._close(connection)
+
+    @staticmethod
+    async def _close(connection: AbstractConnection) -> None:
+        if not connection.is_closed:
             try:
                 await asyncio.wait_for(connection.close(), timeout=5)
             except Exception:
                 logger.debug("closing a broken connection failed", exc_info=True)
 
     async def close(self) -> None:
-        await self.reset()
+        """Close the current connection (at shutdown)."""
+        async with self._lock:
+            await self._discard()

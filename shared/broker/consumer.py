@@ -58,14 +58,14 @@ from dataclasses import dataclass
 
 import aiormq
 import asyncpg
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractConnection
 from aiormq.abc import DeliveredMessage
 
 from shared.broker.connection import BrokerConnection
 from shared.broker.delivery import AmqpDelivery, Delivery
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.broker.topology import RETRY_EXCHANGE, retry_tier_name
-from shared.metrics import ACK_MESSAGES, RETRIES
+from shared.metrics import ACK_MESSAGES, IN_PROCESS_RETRIES, RETRIES
 from shared.retry import ATTEMPT_HEADER, ERROR_HEADER, attempt_of, delivery_count_of, next_retry
 
 logger = logging.getLogger(__name__)
@@ -261,8 +261,11 @@ class Consumer:
         """Consume until ``stop``; reconnect after broker outages."""
         backoff = 0.2
         while not self._stopping.is_set():
+            # The connection this consumer's channel is on: the one a failure resets (the
+            # connection is shared; another user may have replaced it already).
+            connection: AbstractConnection | None = None
             try:
-                channel = await self._broker.channel()
+                connection, channel = await self._broker.open_channel()
                 self._channel = channel
                 await channel.set_qos(prefetch_count=self._prefetch)
                 # On aiormq's channel: handlers get AmqpDelivery, not aio-pika's message
@@ -280,7 +283,7 @@ class Consumer:
                 self.consuming = False
                 if not self._stopping.is_set():
                     logger.warning("channel to %s closed; reconnecting", self._queue)
-                    await self._broker.reset()
+                    await self._broker.reset(connection)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:
@@ -288,7 +291,7 @@ class Consumer:
                 logger.warning(
                     "consumer of %s: %s: %s; retrying in %.1fs", self._queue, type(exc).__name__, exc, backoff
                 )
-                await self._broker.reset()
+                await self._broker.reset(connection)
                 await self._pause(backoff)
                 backoff = min(backoff * 2, self._max_backoff)
 
@@ -394,6 +397,7 @@ class Consumer:
                 for m in messages:
                     await self._nack_requeue(m)
                 return
+            IN_PROCESS_RETRIES.labels(where=self._queue, error=type(error).__name__).inc(len(messages))
             logger.warning(
                 "a batch of %d message(s) on %s: %s: %s; retrying in %.1fs",
                 len(messages),
@@ -465,6 +469,7 @@ class Consumer:
             if self._stopping.is_set():
                 await self._nack_requeue(message)
                 return
+            IN_PROCESS_RETRIES.labels(where=self._queue, error=type(error).__name__).inc()
             logger.warning(
                 "message %s on %s: %s: %s; retrying in %.1fs",
                 message.message_id,
@@ -648,6 +653,7 @@ class Consumer:
 
             async def transient(exc: BaseException) -> bool:
                 if classify(exc) is Outcome.RETRY_IN_PROCESS:
+                    IN_PROCESS_RETRIES.labels(where=self._queue, error=type(exc).__name__).inc()
                     return True
                 # A bug in the hook: dead-letter anyway; the dead-letter recorder records
                 # the message from the queue.

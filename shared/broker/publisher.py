@@ -14,7 +14,7 @@ from typing import Any
 
 import aio_pika
 import aiormq
-from aio_pika.abc import AbstractChannel
+from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from shared.broker.connection import BrokerConnection
 
@@ -49,10 +49,12 @@ class ConfirmingPublisher:
         self._broker = broker
         self._confirm_timeout = confirm_timeout
         self._channel: AbstractChannel | None = None
+        #: The connection ``_channel`` is on: what ``reset`` drops.
+        self._connection: AbstractConnection | None = None
 
     async def _ensure_channel(self) -> AbstractChannel:
         if self._channel is None or self._channel.is_closed:
-            self._channel = await self._broker.channel(publisher_confirms=True)
+            self._connection, self._channel = await self._broker.open_channel(publisher_confirms=True)
         return self._channel
 
     async def ensure_ready(self) -> None:
@@ -97,12 +99,15 @@ class ConfirmingPublisher:
             raise error
 
     async def reset(self) -> None:
-        """Forget the channel and the connection after an error; the next publish
-        reconnects. (aio-pika may report a dropped connection as open.)"""
+        """Forget the channel and its connection after an error; the next publish
+        reconnects. (aio-pika may report a dropped connection as open.) Only the
+        connection this publisher's channel was on is dropped: another user of the
+        shared connection may have opened a new one since."""
         channel, self._channel = self._channel, None
+        connection, self._connection = self._connection, None
         if channel is not None and not channel.is_closed:
             try:
                 await asyncio.wait_for(channel.close(), timeout=5)
             except Exception:
                 pass
-        await self._broker.reset()
+        await self._broker.reset(connection)

@@ -1,4 +1,4 @@
--- chatq:release 2 sha256:f5cad72a4267fa10
+-- chatq:release 3 sha256:6aa9158b61f6ae54
 -- Generated from shared/state (python -m shared.state): the transition tables of
 -- shared/state/operation.py, job.py and account.py. Do not edit by hand.
 
@@ -141,3 +141,14 @@ CREATE OR REPLACE TRIGGER accounts_state_transition
     BEFORE UPDATE OF state ON accounts
     FOR EACH ROW WHEN (OLD.state IS DISTINCT FROM NEW.state)
     EXECUTE FUNCTION chatq_check_account_state();
+
+-- delivery: whether a send of the job may have reached the chat (shared/state/job.py
+-- may_have_sent): its latest attempt's status is sending or unknown, or an
+-- earlier attempt's was, or a part of a reply in parts went out (maybe_sent). Such a job is
+-- finished or handed to a person, never withdrawn nor failed: every step that may
+-- withdraw or fail a job asks this, and nothing else.
+CREATE OR REPLACE FUNCTION chatq_delivery_may_have_sent(p_status text, p_maybe_sent boolean) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(p_status = ANY(ARRAY['sending', 'unknown']::text[]), false)
+        OR coalesce(p_maybe_sent, false)
+$$;

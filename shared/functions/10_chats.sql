@@ -1,4 +1,4 @@
--- chatq:release 2 sha256:6c73f0f2be5fa0c5
+-- chatq:release 3 sha256:e5e18eaa9b4974a2
 -- A chat's last answered message: a marker only ever moved forward in platform order
 -- (chatq_order), and never past the database's clock, so a message stamped in the future
 -- cannot put the marker out of reach. Used for the history the reply writer sees; it
@@ -57,7 +57,7 @@ RETURNS boolean LANGUAGE sql STABLE AS $$
         SELECT 1 FROM reply_jobs r JOIN deliveries d ON d.job_id = r.id
         WHERE r.chat_key = p_chat_key
           AND (d.started_at > clock_timestamp() - interval '10 minutes'
-               OR d.status IN ('sending', 'unknown') OR d.maybe_sent)
+               OR chatq_delivery_may_have_sent(d.status, d.maybe_sent))
           AND (chatq_text_norm(d.text) = chatq_text_norm(p_text)
                OR EXISTS (SELECT 1 FROM delivery_parts p WHERE p.job_id = r.id
                           AND chatq_text_norm(p.text) = chatq_text_norm(p_text))))
@@ -115,7 +115,7 @@ BEGIN
     FOR j IN
         SELECT r.id, r.operation_ids FROM reply_jobs r LEFT JOIN deliveries d ON d.job_id = r.id
         WHERE r.chat_key = ck AND r.status = 'pending'
-          AND NOT (coalesce(d.status IN ('sending', 'unknown'), false) OR coalesce(d.maybe_sent, false))
+          AND NOT chatq_delivery_may_have_sent(d.status, d.maybe_sent)
         FOR UPDATE OF r
     LOOP
         UPDATE reply_jobs SET status = 'superseded', error_message = 'withdrawn: ' || why, updated_at = now()

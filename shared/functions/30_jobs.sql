@@ -1,4 +1,4 @@
--- chatq:release 1 sha256:ccfacc3842da8928
+-- chatq:release 2 sha256:c0d58f959962640f
 -- The reply job aggregate: claim, before send, record, give up. Each is one statement, so
 -- one round trip and one transaction; a reply costs three (claim, before send, record).
 --
@@ -57,7 +57,10 @@ $$;
 
 -- Withdraw a job nobody has sent yet when the seller answered its chat in person after it
 -- was built (chats.seller_wrote_at): superseded, its unfinished messages 'replied',
--- "answered by the seller". Returns whether it did. The caller holds the job.
+-- "answered by the seller". Returns whether it did. The caller holds the job. A job a send
+-- of which may have reached the chat (chatq_delivery_may_have_sent: a part of it out, an
+-- unknown outcome) is never withdrawn: it is the bot's to finish, or a person's to check;
+-- withdrawn, it left the buyer half an answer, or a reply nobody accounted for (issue 40).
 CREATE OR REPLACE FUNCTION chatq_withdraw_if_seller_answered(
     p_job uuid, p_chat_key text, p_created timestamptz, p_ops uuid[]
 ) RETURNS boolean LANGUAGE plpgsql AS $$
@@ -66,6 +69,10 @@ DECLARE
 BEGIN
     SELECT c.seller_message_id INTO msg FROM chats c WHERE c.chat_key = p_chat_key AND c.seller_wrote_at > p_created;
     IF NOT FOUND THEN
+        RETURN false;
+    END IF;
+    IF EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = p_job
+               AND chatq_delivery_may_have_sent(d.status, d.maybe_sent)) THEN
         RETURN false;
     END IF;
     UPDATE reply_jobs SET status = 'superseded', updated_at = now(),
@@ -147,7 +154,7 @@ BEGIN
     -- did once): whatever the latest attempt did, the reply may be there.
     -- (A job with no delivery yet has no status to compare: false, not NULL, or every
     -- check below that asks "NOT reconciling" would be skipped.)
-    reconciling := coalesce(j.d_status IN ('sending', 'unknown'), false) OR j.d_maybe;
+    reconciling := chatq_delivery_may_have_sent(j.d_status, j.d_maybe);
     IF NOT reconciling AND chatq_withdraw_if_seller_answered(p_job, j.ck, j.created, j.ops) THEN
         r.outcome := 'skip';
         r.reason := 'withdrawn: the seller answered the chat in person';
@@ -186,7 +193,7 @@ BEGIN
         PERFORM chatq_log(ids, 'attempt', 'attempt ' || p_attempt || ': a send of this reply may have reached the chat; '
                           || 'checking before anything more is sent', p_job);
         r.outcome := 'reconcile';
-        r.delivery := ROW(CASE WHEN j.d_status IN ('sending', 'unknown') THEN j.d_status ELSE 'unknown' END,
+        r.delivery := ROW(CASE WHEN chatq_delivery_may_have_sent(j.d_status, false) THEN j.d_status ELSE 'unknown' END,
                           j.d_text, j.d_started, coalesce(j.d_since, j.d_started))::chatq_claimed_delivery;
     ELSE
         -- Take the messages; one another job took meanwhile is not ours to answer (the
@@ -244,6 +251,23 @@ BEGIN
     FROM (SELECT u.*, chatq_order(j.platform, u.sent, u.mid, u.recv) AS o
           FROM unnest(ids, m_ids, m_texts, m_sent, m_received) AS u(id, mid, body, sent, recv)) t;
     RETURN r;
+END
+$$;
+
+-- The chat locks of a batch of jobs (each chat's once), in the order of their lock keys,
+-- for the rest of the transaction: every taker of several chats' locks takes them in that
+-- order (chatq_lock_chats, the claim, before-send and record batches,
+-- chatq_unblock_expired_holds), so no two wait for each other in a cycle. Ending a job
+-- takes its chat's lock (the trigger that unblocks the chat's next window): a batch that
+-- may end jobs of several chats takes them all first. One probe by key a job.
+CREATE OR REPLACE FUNCTION chatq_lock_chats_of_jobs(p_jobs uuid[]) RETURNS void LANGUAGE plpgsql AS $$
+BEGIN
+    PERFORM pg_advisory_xact_lock(k.key) FROM (
+        SELECT DISTINCT hashtextextended(r.chat_key, 0) AS key
+        FROM unnest(p_jobs) AS x(job)
+        CROSS JOIN LATERAL (SELECT r.chat_key FROM reply_jobs r WHERE r.id = x.job LIMIT 1) r
+        ORDER BY 1
+    ) k;
 END
 $$;
 
@@ -316,6 +340,11 @@ BEGIN
     IF n = 0 THEN
         RETURN;
     END IF;
+    -- Every chat's lock of the batch first: a job this claim ends (superseded, withdrawn)
+    -- takes its chat's lock through the trigger that unblocks the chat's next window, and
+    -- taken then, in the batch's order, a lock after a higher key deadlocked with a filing
+    -- of both chats (issue 40; test_claim_batch.py holds it).
+    PERFORM chatq_lock_chats_of_jobs(p_jobs);
     SELECT array_agg(pg_try_advisory_lock(t.k) ORDER BY t.n) INTO got
     FROM unnest(p_lock_keys) WITH ORDINALITY AS t(k, n);
     FOR x IN 1 .. n LOOP
@@ -330,7 +359,7 @@ BEGIN
                updated_at = now()
         WHERE r.id = ANY(held) AND (r.status IN ('pending', 'processing')) IS TRUE
           AND NOT EXISTS (SELECT 1 FROM deliveries d WHERE d.job_id = r.id
-                          AND (d.status IN ('sending', 'unknown') OR d.maybe_sent) IS TRUE)
+                          AND chatq_delivery_may_have_sent(d.status, d.maybe_sent))
           AND NOT EXISTS (SELECT 1 FROM chats c WHERE c.chat_key = r.chat_key
                           AND (c.seller_wrote_at > r.created_at) IS TRUE)
         RETURNING r.id, r.platform, r.account_id, r.chat_id, r.chat_key, r.operation_ids
@@ -532,10 +561,10 @@ BEGIN
     ON CONFLICT (job_id) DO UPDATE
     SET status = 'sending', text = EXCLUDED.text, attempt = EXCLUDED.attempt,
         started_at = now(), finished_at = NULL, error = NULL, platform_message_id = NULL,
-        maybe_sent = d.maybe_sent OR d.status IN ('sending', 'unknown'),
+        maybe_sent = chatq_delivery_may_have_sent(d.status, d.maybe_sent),
         maybe_since = CASE
             WHEN d.maybe_sent THEN d.maybe_since
-            WHEN d.status IN ('sending', 'unknown') THEN d.started_at
+            WHEN chatq_delivery_may_have_sent(d.status, false) THEN d.started_at
         END;
 END
 $$;
@@ -647,8 +676,8 @@ $$;
 -- transaction. Before, the batch called chatq_before_send for each job: eight statements a
 -- job, 0.2 ms of Postgres a reply under bench.pipeline (pg_stat_statements). Every chat's
 -- lock of the batch is taken first, in lock-key order, as every taker of several takes
--- them (chatq_lock_chats, chatq_record_sent_many), whether or not the job folds: a job
--- withdrawn takes its chat's lock too (the trigger that unblocks the chat's next window),
+-- them (chatq_lock_chats, chatq_claim_jobs, chatq_record_sent_many), whether or not the job
+-- folds: a job withdrawn takes its chat's lock too (the trigger that unblocks the chat's next window),
 -- and taken then, after a higher key, it deadlocked with a filing of both chats (found by a
 -- review; test_before_send_batch.py holds it). The per-job call takes its own again
 -- (granted at once: it is this transaction's). Every read is a probe by key. Where two
@@ -763,8 +792,8 @@ $$;
 -- The chats' locks are taken first, in the order of their lock keys: ending a job takes
 -- its chat's lock (the trigger that unblocks the chat's next window, which finds it held),
 -- and every other taker of several chats' locks takes them in that order
--- (chatq_lock_chats, before-send batches, chatq_unblock_expired_holds). Each table is
--- written by its key (id = ANY, the status checked only on the rows found: "IS TRUE"
+-- (chatq_lock_chats, claim and before-send batches, chatq_unblock_expired_holds). Each table
+-- is written by its key (id = ANY, the status checked only on the rows found: "IS TRUE"
 -- keeps it from being read through a partial index whose predicate it would imply, as
 -- filing's update once was, on statistics taken while nothing was in flight).
 CREATE OR REPLACE FUNCTION chatq_record_sent_many(
@@ -791,12 +820,7 @@ DECLARE
     r_mid text[];
     r_received timestamptz[];
 BEGIN
-    PERFORM pg_advisory_xact_lock(k.key) FROM (
-        SELECT DISTINCT hashtextextended(r.chat_key, 0) AS key
-        FROM unnest(p_jobs) AS x(job)
-        CROSS JOIN LATERAL (SELECT r.chat_key FROM reply_jobs r WHERE r.id = x.job LIMIT 1) r
-        ORDER BY 1
-    ) k;
+    PERFORM chatq_lock_chats_of_jobs(p_jobs);
     WITH j AS (
         UPDATE reply_jobs r
         SET status = 'sent', reply_text = p_texts[array_position(p_jobs, r.id)],
@@ -907,7 +931,7 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
-    IF j.d_status IN ('sending', 'unknown') OR j.d_maybe THEN
+    IF chatq_delivery_may_have_sent(j.d_status, j.d_maybe) THEN
         target := 'needs_review';
         why := p_reason || '; the last send may have reached the chat: check it, then resolve, or retry with a confirmed re-send';
     ELSE

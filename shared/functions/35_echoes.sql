@@ -1,4 +1,4 @@
--- chatq:release 1 sha256:9f594801535a76cc
+-- chatq:release 2 sha256:374ddcb7d7f815a7
 -- Our own replies as the platform echoes them back (reply_echoes, migration 0030): an
 -- echo proves the reply is in the chat. The receiver records each echo as it stores it;
 -- the responder asks for one before it calls a send's outcome unknown (chatq_echo_of);
@@ -12,7 +12,7 @@ CREATE OR REPLACE FUNCTION chatq_echo_candidates(p_chat_key text, p_text text) R
 LANGUAGE sql STABLE AS $$
     SELECT count(*) FROM reply_jobs r JOIN deliveries d ON d.job_id = r.id
     WHERE r.chat_key = p_chat_key AND r.status IN ('pending', 'processing', 'needs_review')
-      AND (d.status IN ('sending', 'unknown') OR d.maybe_sent)
+      AND chatq_delivery_may_have_sent(d.status, d.maybe_sent)
       AND chatq_text_norm(d.text) = chatq_text_norm(p_text)
 $$;
 
@@ -56,7 +56,7 @@ BEGIN
     END IF;
     SELECT r.id, r.platform, r.operation_ids, d.text INTO j
     FROM reply_jobs r JOIN deliveries d ON d.job_id = r.id
-    WHERE r.chat_key = p_chat_key AND r.status = 'needs_review' AND d.status IN ('sending', 'unknown')
+    WHERE r.chat_key = p_chat_key AND r.status = 'needs_review' AND chatq_delivery_may_have_sent(d.status, false)
       AND chatq_text_norm(d.text) = chatq_text_norm(p_text)
       AND NOT EXISTS (SELECT 1 FROM delivery_parts p WHERE p.job_id = r.id)
     ORDER BY d.started_at DESC

@@ -9,7 +9,8 @@
 
 Delivery: ``sending`` is committed before the platform is called; from then on the
 reply may be on the platform until ``sent``, ``not_sent`` or ``unknown`` says otherwise.
-A job whose delivery is ``sending`` or ``unknown`` never becomes ``failed``.
+A job a send of which may have reached the chat (``may_have_sent``) never becomes
+``failed``, and is never withdrawn (superseded) because the seller wrote.
 """
 
 from __future__ import annotations
@@ -54,8 +55,19 @@ LIFECYCLE = Lifecycle(
 )
 
 D = DeliveryStatus
-#: The reply may be on the platform.
+#: The latest attempt's reply may be on the platform.
 MAY_HAVE_SENT = (D.SENDING, D.UNKNOWN)
+
+
+def may_have_sent(status: DeliveryStatus | str | None, maybe_sent: bool | None) -> bool:
+    """Whether a send of the job may have reached the chat: its latest attempt's delivery
+    says so (``sending``, ``unknown``), or an earlier attempt's did, or a part of a reply in
+    parts went out (``maybe_sent``, which never goes back). The one rule: such a job is
+    finished (sent, reconciled, resumed) or handed to a person (needs_review), never
+    withdrawn nor failed. Postgres asks it as ``chatq_delivery_may_have_sent``, rendered
+    from this (shared/state/sql.py)."""
+    return (status is not None and DeliveryStatus(status) in MAY_HAVE_SENT) or bool(maybe_sent)
+
 
 DELIVERY = Lifecycle(
     "delivery",

@@ -63,12 +63,29 @@ CREATE OR REPLACE TRIGGER {table}_{column}_transition
 """
 
 
+def _may_have_sent() -> str:
+    """``job.may_have_sent`` as SQL: one expression, so Postgres inlines it wherever it is
+    called (a plain SQL function, immutable)."""
+    return f"""
+-- delivery: whether a send of the job may have reached the chat (shared/state/job.py
+-- may_have_sent): its latest attempt's status is {" or ".join(job.MAY_HAVE_SENT)}, or an
+-- earlier attempt's was, or a part of a reply in parts went out (maybe_sent). Such a job is
+-- finished or handed to a person, never withdrawn nor failed: every step that may
+-- withdraw or fail a job asks this, and nothing else.
+CREATE OR REPLACE FUNCTION chatq_delivery_may_have_sent(p_status text, p_maybe_sent boolean) RETURNS boolean
+LANGUAGE sql IMMUTABLE PARALLEL SAFE AS $$
+    SELECT coalesce(p_status = ANY({_array([s.value for s in job.MAY_HAVE_SENT])}), false)
+        OR coalesce(p_maybe_sent, false)
+$$;
+"""
+
+
 def render() -> str:
     head = (
         "-- Generated from shared/state (python -m shared.state): the transition tables of\n"
         "-- shared/state/operation.py, job.py and account.py. Do not edit by hand.\n"
     )
-    return head + "".join(_one(*t) for t in TABLES)
+    return head + "".join(_one(*t) for t in TABLES) + _may_have_sent()
 
 
 def main(argv: Sequence[str] | None = None) -> None:

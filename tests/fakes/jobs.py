@@ -186,7 +186,7 @@ class InMemorySession:
         if job.status not in job_state.IN_FLIGHT:
             return Skip(f"job already {job.status}")
         d = job.delivery
-        reconciling = d is not None and (d.status in job_state.MAY_HAVE_SENT or d.maybe_sent)
+        reconciling = d is not None and job_state.may_have_sent(d.status, d.maybe_sent)
         if job.status is not JobStatus.PROCESSING:
             job.move(JobStatus.PROCESSING)
         job.attempts = attempt
@@ -242,7 +242,7 @@ class InMemorySession:
         if d is None:
             held.delivery = FakeDelivery(DeliveryStatus.SENDING, text, now)
         else:
-            may_have = d.maybe_sent or d.status in job_state.MAY_HAVE_SENT
+            may_have = job_state.may_have_sent(d.status, d.maybe_sent)
             since = d.maybe_since if d.maybe_sent else (d.started_at if may_have else None)
             if d.status is not DeliveryStatus.SENDING:
                 d.move(DeliveryStatus.SENDING)
@@ -314,7 +314,7 @@ class InMemorySession:
         if job is None or job.status not in job_state.IN_FLIGHT:
             return Settled(job_id, "final", job.chat_key if job else "", [])
         d = job.delivery
-        may_have = d is not None and (d.status in job_state.MAY_HAVE_SENT or d.maybe_sent)
+        may_have = d is not None and job_state.may_have_sent(d.status, d.maybe_sent)
         target = JobStatus.NEEDS_REVIEW if may_have else JobStatus.FAILED
         if not may_have:
             for op_id in [o for o, holder in store.coverage.items() if holder == job_id]:

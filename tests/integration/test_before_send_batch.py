@@ -238,33 +238,41 @@ async def test_the_step_before_sending_a_batch_reads_each_table_by_key_even_when
     assert after - before == 0
 
 
-async def job_in_flight(conn: asyncpg.Connection, chat: str, *, seller_wrote: bool) -> tuple[uuid.UUID, str]:
-    """A claimed job of one waiting message in ``chat``; the seller wrote since, or not."""
-    key = f"telegram:acc:{chat}"
+async def job_in_flight(
+    conn: asyncpg.Connection,
+    chat: str,
+    *,
+    seller_wrote: bool,
+    platform: str = "telegram",
+    status: str = "processing",
+) -> tuple[uuid.UUID, str]:
+    """A claimed job of one waiting message in ``chat`` (account ``acc``); the seller wrote
+    since, or not."""
+    key = f"{platform}:acc:{chat}"
     op, window, job = uuid.uuid4(), uuid.uuid4(), uuid.uuid4()
     await conn.execute(
         """
         INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id, text, sent_at, status,
                                 received_at, payload)
-        VALUES ($1, 'telegram', 'acc', $2, $2, '1', 'hi', $3, 'waiting', $3, '{}')
+        VALUES ($1, $4, 'acc', $2, $2, '1', 'hi', $3, 'waiting', $3, '{}')
         """,
-        op, chat, T0 - timedelta(seconds=5),
+        op, chat, T0 - timedelta(seconds=5), platform,
     )  # fmt: skip
     await conn.execute(
         """
         INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
                                   deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
-        VALUES ($1, $2, 'telegram', 'acc', $3, 'closed', $4, $4, $4, $4, 0, 1, $4, $5)
+        VALUES ($1, $2, $6, 'acc', $3, 'closed', $4, $4, $4, $4, 0, 1, $4, $5)
         """,
-        window, key, chat, T0, job,
+        window, key, chat, T0, job, platform,
     )  # fmt: skip
     await conn.execute(
         """
         INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status, operation_ids,
                                 created_at)
-        VALUES ($1, $2, $3, 'telegram', 'acc', $4, 'processing', $5, $6)
+        VALUES ($1, $2, $3, $7, 'acc', $4, $8, $5, $6)
         """,
-        job, window, key, chat, [op], T0,
+        job, window, key, chat, [op], T0, platform, status,
     )  # fmt: skip
     await conn.execute("UPDATE operations SET job_id = $1 WHERE id = $2", job, op)
     if seller_wrote:
@@ -277,6 +285,31 @@ async def job_in_flight(conn: asyncpg.Connection, chat: str, *, seller_wrote: bo
             key, T0 - timedelta(hours=1), T0 + timedelta(seconds=1),
         )  # fmt: skip
     return job, key
+
+
+async def beside_a_filing(pool: asyncpg.Pool, chat_keys: list[str], statement: str, *args: Any) -> list[Any]:
+    """``statement``'s rows, run on one connection while another files messages in
+    ``chat_keys`` (taken in lock-key order, as chatq_lock_chats does): the filing holds the
+    first chat's lock until the statement waits for it, then asks for the others. A
+    statement that took another of those chats' locks before the first deadlocks here."""
+    async with pool.acquire() as responder, pool.acquire() as filing:
+        pid = await responder.fetchval("SELECT pg_backend_pid()")
+        try:
+            async with filing.transaction():
+                await filing.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", chat_keys[0])
+                step = asyncio.ensure_future(responder.fetch(statement, *args))
+                deadline = asyncio.get_running_loop().time() + 10
+                while not await filing.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid):
+                    assert asyncio.get_running_loop().time() < deadline, (
+                        "the statement never waited for the filing"
+                    )
+                    await asyncio.sleep(0.02)
+                await filing.fetch(
+                    "SELECT * FROM chatq_lock_chats($1, $2)", chat_keys, [uuid.uuid4() for _ in chat_keys]
+                )
+            return list(await asyncio.wait_for(step, 10))
+        finally:
+            await responder.execute("SELECT pg_advisory_unlock_all()")
 
 
 async def test_a_batch_with_a_job_withdrawn_takes_its_chats_locks_in_the_order_a_filing_of_the_same_chats_does(
@@ -294,22 +327,9 @@ async def test_a_batch_with_a_job_withdrawn_takes_its_chats_locks_in_the_order_a
         x, y = sorted(keys, key=keys.__getitem__)
         a, kx = await job_in_flight(conn, x, seller_wrote=True)
         b, ky = await job_in_flight(conn, y, seller_wrote=False)
-    async with pool.acquire() as responder, pool.acquire() as filing:
-        pid = await responder.fetchval("SELECT pg_backend_pid()")
-        async with filing.transaction():
-            await filing.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", kx)
-            step = asyncio.ensure_future(
-                responder.fetch(BATCHED, [a, b], [kx, ky], ["r1", "r2"], [1, 1], [False, True], 4, 4000)
-            )
-            deadline = asyncio.get_running_loop().time() + 10
-            while not await filing.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid):
-                assert asyncio.get_running_loop().time() < deadline, "the batch never waited for X"
-                await asyncio.sleep(0.02)
-            # The rest of a filing of both chats, in key order (chatq_lock_chats).
-            await filing.fetch(
-                "SELECT * FROM chatq_lock_chats($1, $2)", [kx, ky], [uuid.uuid4(), uuid.uuid4()]
-            )
-        rows = await asyncio.wait_for(step, 10)
+    rows = await beside_a_filing(
+        pool, [kx, ky], BATCHED, [a, b], [kx, ky], ["r1", "r2"], [1, 1], [False, True], 4, 4000
+    )
     assert [(r["i"], r["withdrawn"]) for r in rows] == [(1, True)]
     async with pool.acquire() as conn:
         assert await conn.fetchval("SELECT status FROM deliveries WHERE job_id = $1", b) == "sending"

@@ -49,7 +49,7 @@ async def test_a_service_given_a_down_node_and_a_live_one_connects_to_the_live_o
     for _ in range(5):  # whatever order it tries them in
         await broker.connect()
         assert broker.address == live
-        await broker.reset()
+        await broker.close()
     with pytest.raises(BrokerUnreachable, match="no RabbitMQ node answered"):
         await BrokerConnection([down], TOPOLOGY).connect()
 

@@ -19,6 +19,7 @@ import asyncpg
 import pytest
 
 from shared.db import create_pool
+from shared.state.job import lock_key
 from tests.integration.test_record_cost import jobs_in_flight
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
@@ -297,3 +298,34 @@ async def test_a_claim_of_several_jobs_reads_each_table_by_key_even_when_the_sta
     )
     # Past PL/pgSQL's fifth call its plans are generic: still by key, not the 2,000 in flight.
     assert read < n
+
+
+@pytest.mark.parametrize("ending", ["withdrawn", "superseded"])
+async def test_a_batched_claim_that_ends_jobs_of_two_chats_takes_their_locks_in_the_order_a_filing_of_them_does(
+    pool, ending: str
+):
+    """A claim that ends a job (withdrawn: the seller wrote since it was built, claimed by
+    chatq_claim_job; superseded: every message answered, the common way) takes the job's
+    chat lock through the trigger that unblocks the chat's next window. Ending Y's job, then
+    X's (X < Y in lock-key order), while a filing of both chats holds X and then asks for
+    Y, the two waited on each other: a deadlock, one of them failed (issue 40, point 2)."""
+    from tests.integration.test_before_send_batch import beside_a_filing, job_in_flight
+
+    async with pool.acquire() as conn:
+        keys = {
+            c: await conn.fetchval("SELECT hashtextextended($1, 0)", f"telegram:acc:{c}")
+            for c in ("d1", "d2")
+        }
+        x, y = sorted(keys, key=keys.__getitem__)
+        # Y's job first, in the batch's order and the table's.
+        b, ky = await job_in_flight(conn, y, seller_wrote=ending == "withdrawn")
+        a, kx = await job_in_flight(conn, x, seller_wrote=ending == "withdrawn")
+        if ending == "superseded":
+            await conn.execute(
+                "UPDATE operations SET status = 'replied' WHERE job_id = ANY($1::uuid[])", [a, b]
+            )
+    rows = await beside_a_filing(pool, [kx, ky], NEW, [b, a], [1, 1], [lock_key(b), lock_key(a)], 0)
+    assert [(r["i"], r["outcome"]) for r in rows] == [(1, "skip"), (2, "skip")]
+    async with pool.acquire() as conn:
+        statuses = await conn.fetch("SELECT status FROM reply_jobs WHERE id = ANY($1::uuid[])", [a, b])
+    assert [r["status"] for r in statuses] == ["superseded", "superseded"]

@@ -19,7 +19,7 @@ from tests.conftest import TELEGRAM_SECRET, TEST_TOPOLOGY, replace
 from tests.support.broker import QueueInspector, wait_for
 from tests.support.payloads import telegram_update
 from tests.support.receiver import running_receiver
-from tests.support.tcpproxy import TcpProxy
+from tests.support.tcpproxy import TcpProxy, proxy_for, through
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
@@ -336,3 +336,51 @@ async def test_a_relay_given_one_exchange_twice_publishes_each_row_once(
     finally:
         await broker.close()
     assert sorted(m.message_id for m in await queues.drain(COALESCER_QUEUE)) == ["a1", "b1"]
+
+
+async def test_a_postgres_outage_leaves_the_relays_broker_connection_alone_and_readiness_names_postgres_alone(
+    settings, caplog: pytest.LogCaptureFixture
+) -> None:
+    """Issue 40, point 5: the relay dropped its broker connection after every failed pass,
+    whatever failed (35 reconnects in 65 s while Postgres was away), so the receiver's
+    /readyz blamed RabbitMQ too."""
+    database_url = settings.database_url.get_secret_value()
+    proxy = await proxy_for(database_url)
+    behind = replace(settings, database_url=through(database_url, proxy), relay_poll_seconds=0.1)
+    try:
+        async with running_receiver(behind) as (receiver, client):
+            runtime = receiver.public.state.runtime
+            await wait_for(lambda: runtime.broker.is_open, what="the relay's broker connection")
+            first = await runtime.broker.connect()
+            proxy.block()  # Postgres away (every connection cut, new ones refused)
+            await wait_for(
+                lambda: (
+                    sum(r.name == "shared.outbox" and r.levelname == "WARNING" for r in caplog.records) >= 4
+                ),
+                what="four failed relay passes",
+            )
+            assert not first.is_closed, "the relay closed its broker connection over a Postgres error"
+            assert await runtime.broker.connect() is first
+            doc = await client.get("/readyz")
+            assert (doc.status_code, doc.json()["status"]) == (
+                200,
+                "degraded",
+            )  # in rotation: it holds webhooks
+            assert doc.json()["failing"] == ["postgres"], doc.json()
+            assert doc.json()["checks"]["rabbitmq"] == "ok"
+            text = (await client.get("/metrics")).text
+            assert 'chatq_ready{check="postgres"} 0.0' in text
+            assert 'chatq_ready{check="rabbitmq"} 1.0' in text
+            assert "chatq_in_process_retries_total{error=" in text and 'where="outbox-relay"' in text
+            assert 'chatq_gauges_refreshed_timestamp_seconds{gauges="backlog"}' in text
+            proxy.unblock()
+            await wait_for(_ready_again(client), what="ready again")
+    finally:
+        await proxy.close()
+
+
+def _ready_again(client):
+    async def ready() -> bool:
+        return (await client.get("/readyz")).json()["status"] == "ok"
+
+    return ready

@@ -68,7 +68,7 @@ _NOT_METRICS = {
     # PromQL functions, aggregations, keywords and the label names we group by
     *"sum max min avg count rate increase irate histogram_quantile clamp_min clamp_max by without on "
     "ignoring group_left group_right offset and or unless bool abs deriv delta".split(),
-    *"le state outcome platform reason queue instance job event vhost namespace scaledObject".split(),
+    *"le state outcome platform reason queue instance job event vhost namespace scaledObject check gauges".split(),
     "inf",
     "Inf",
 }

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import asyncio
 import contextlib
+from urllib.parse import urlsplit, urlunsplit
 
 
 class TcpProxy:
@@ -68,3 +69,17 @@ class TcpProxy:
             await self._server.wait_closed()
         for t in list(self._tasks):
             t.cancel()
+
+
+def through(url: str, proxy: TcpProxy) -> str:
+    """``url`` (Postgres or AMQP) with its host and port replaced by the proxy's."""
+    parts = urlsplit(url)
+    auth = parts.netloc.rpartition("@")[0]
+    netloc = f"{auth}@127.0.0.1:{proxy.port}" if auth else f"127.0.0.1:{proxy.port}"
+    return urlunsplit((parts.scheme, netloc, parts.path, parts.query, ""))
+
+
+async def proxy_for(url: str) -> TcpProxy:
+    """A started proxy in front of ``url``'s host and port."""
+    target = urlsplit(url)
+    return await TcpProxy(target.hostname or "127.0.0.1", target.port or 5432).start()

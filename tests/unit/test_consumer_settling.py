@@ -142,6 +142,28 @@ async def test_an_infrastructure_error_runs_the_handler_again_and_settles_only_o
     assert message.settled == ["ack"]
 
 
+async def test_each_run_again_after_an_infrastructure_error_is_counted_by_queue_and_error() -> None:
+    """chatq_in_process_retries_total: a Postgres outage shows as retries in the process,
+    not as nothing (the message is held, neither failed nor retried through a tier)."""
+    import asyncpg
+
+    from shared.metrics import IN_PROCESS_RETRIES
+
+    def count(error: str) -> float:
+        return IN_PROCESS_RETRIES.labels(where="q", error=error)._value.get()
+
+    before = count("ConnectionDoesNotExistError"), count("ConnectionRefusedError")
+    lost = asyncpg.exceptions.ConnectionDoesNotExistError("connection was closed in the middle of operation")
+    handler = raising(lost, ConnectionRefusedError(), lost, None)
+    hooks, message = Hooks(), Delivery()
+    await consumer(handler, hooks).handle_delivery(message)  # type: ignore[arg-type]
+    assert message.settled == ["ack"]
+    assert (count("ConnectionDoesNotExistError"), count("ConnectionRefusedError")) == (
+        before[0] + 2,
+        before[1] + 1,
+    )
+
+
 async def test_an_infrastructure_error_while_stopping_requeues_the_message() -> None:
     hooks, message = Hooks(), Delivery()
     c = consumer(raising(ConnectionRefusedError()), hooks)

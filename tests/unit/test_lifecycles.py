@@ -65,3 +65,35 @@ def test_a_dead_letters_reason_is_its_latest_death_and_the_last_error() -> None:
         "redelivered past the queue's delivery limit in chatq.coalescer"
     )
     assert dead_reason(None) == "dead-lettered"
+
+
+def test_a_send_may_have_reached_the_chat_while_its_latest_attempt_is_out_or_unknown_or_an_earlier_one_was() -> (
+    None
+):
+    D = job.DeliveryStatus
+    assert [s for s in D if job.may_have_sent(s, False)] == [D.SENDING, D.UNKNOWN]
+    assert all(job.may_have_sent(s, True) for s in [*D, None])  # a part went out, or an earlier attempt
+    assert not job.may_have_sent(None, False)  # nothing tried yet
+
+
+def test_no_step_spells_out_which_deliveries_may_have_sent_it_asks_the_one_rule() -> None:
+    """chatq_delivery_may_have_sent (rendered from job.may_have_sent) is the only place
+    that says which delivery statuses may have reached the chat: a step with its own
+    list drifted once (the step before sending withdrew replies half on the platform)."""
+    import re
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[2]
+    spelled = re.compile(
+        r"'(sending|unknown)'\s*,\s*'(sending|unknown)'|status\s*=\s*'not_sent'\s+AND\s+NOT", re.I
+    )
+    sources = [p for p in (root / "shared" / "functions").glob("*.sql") if p != OUTPUT]
+    sources += [*(root / "services").rglob("*.py"), *(root / "shared").rglob("*.py")]
+    found = [
+        f"{p.relative_to(root)}:{n}"
+        for p in sources
+        for n, line in enumerate(p.read_text().splitlines(), start=1)
+        if spelled.search(line.split("--", 1)[0])
+    ]
+    assert not found, found
+    assert "chatq_delivery_may_have_sent" in render()
