@@ -306,11 +306,17 @@ def _same_release_refusal(f: FunctionFile) -> str:
     )
 
 
-async def apply_functions(conn: asyncpg.Connection, directory: Path | None = FUNCTIONS_DIR) -> list[str]:
+async def apply_functions(
+    conn: asyncpg.Connection, directory: Path | None = FUNCTIONS_DIR, *, newer_schema: bool = False
+) -> list[str]:
     """Apply every function file whose text is not the database's and whose release is at
     least the database's (caller holds the migration lock). A file the database has in a
     newer release is left as it is: if that release keeps what ours defines, this process
-    runs against it; if not, MigrationError says what to do. Returns the names applied."""
+    runs against it; if not, MigrationError says what to do. A file the database has in our
+    very text is checked too: every function our release of it defined must still be there
+    (a newer release's migration may have dropped one; ``newer_schema``: the database has
+    migrations this process does not know). Missing under a newer schema, this process
+    refuses; missing under ours, the file is applied again. Returns the names applied."""
     files = load_functions(directory)
     await _ensure_tables(conn)
     applied = await _database_releases(conn)
@@ -318,6 +324,20 @@ async def apply_functions(conn: asyncpg.Connection, directory: Path | None = FUN
     for f in files:
         have = applied.get(f.name)
         if have is not None and have[1] == f.checksum:
+            kept = await _newer(conn, f, have[0])
+            if not kept.known or not kept.missing:
+                continue
+            if newer_schema:
+                raise MigrationError(
+                    f"the SQL functions of {f.name} that this process calls are gone from a database a newer "
+                    f"release migrated: {', '.join(kept.missing)}. This process refuses to start rather than fail "
+                    f"on every call: run the newer release's image ({ROLLBACK_RUNBOOK})"
+                )
+            logger.warning(
+                "functions %s: %s missing; applying the file again", f.name, ", ".join(kept.missing)
+            )
+            await _apply_function_file(conn, f)
+            done.append(f.name)
             continue
         if have is not None and have[0] > f.release:
             newer = await _newer(conn, f, have[0])
@@ -434,7 +454,7 @@ async def migrate(
         unknown = sorted(set(applied) - {m.version for m in migrations})
         if unknown:
             logger.warning("database has migrations this code does not know: %s", unknown)
-        await apply_functions(conn, functions)
+        await apply_functions(conn, functions, newer_schema=bool(unknown))
     except BaseException:
         # The lock is the session's: if the failure took the connection with it, the lock
         # ended with it, and the unlock's own error must not hide why the run stopped.

@@ -345,6 +345,22 @@ async def test_an_older_release_refuses_to_start_when_a_function_it_defines_is_g
     assert await conn.fetchval("SELECT a_answer(0)") == 2
 
 
+async def test_a_function_a_newer_release_dropped_from_an_unchanged_file_refuses_the_older_process(
+    releases,
+) -> None:
+    """Found by a review: the check ran only for a file whose release was newer; a newer
+    release's migration that drops a function of a file it left unchanged let the older
+    process start, and fail on every call (UndefinedFunctionError)."""
+    old, _new, conn = releases
+    await apply_functions(conn, old)
+    await conn.execute("DROP FUNCTION a_answer(int)")  # a newer release's migration
+    with pytest.raises(MigrationError, match=r"a_answer\(integer\) -> integer"):
+        await apply_functions(conn, old, newer_schema=True)
+    # Under this process's own schema (nothing newer ran), the file is applied again.
+    assert await apply_functions(conn, old) == ["10_a.sql"]
+    assert await conn.fetchval("SELECT a_answer(0)") == 1
+
+
 async def test_a_release_this_database_never_ran_is_refused_rather_than_guessed(releases) -> None:
     old, new, conn = releases
     await apply_functions(conn, new)  # installed at release 2, never at 1

@@ -131,6 +131,70 @@ def test_every_function_file_carries_its_release_and_was_not_edited_since() -> N
     )
 
 
+def _git(*args: str) -> str:
+    import subprocess
+
+    root = Path(__file__).resolve().parents[2]
+    done = subprocess.run(["git", "-C", str(root), *args], capture_output=True, text=True, check=False)
+    if done.returncode != 0:
+        pytest.fail(
+            f"git {' '.join(args)} failed ({done.stderr.strip()}): this check reads the function files' "
+            "history; run it in a git clone with its history (not a shallow one)",
+            pytrace=False,
+        )
+    return done.stdout
+
+
+def function_file_history() -> dict[str, list[tuple[int, str]]]:
+    """Every function file that ever carried a release line on this branch's history, and
+    each (release, digest) it had, in commit order."""
+    if _git("rev-parse", "--is-shallow-repository").strip() == "true":
+        pytest.fail(
+            "a shallow clone has no history to hold the releases against: fetch --unshallow", pytrace=False
+        )
+    seen: dict[str, list[tuple[int, str]]] = {}
+    commits = _git("log", "--reverse", "--format=%H", "--", "shared/functions").split()
+    for commit in commits:
+        for name in _git("ls-tree", "--name-only", commit, "shared/functions/").split():
+            if not name.endswith(".sql"):
+                continue
+            header = read_header(_git("show", f"{commit}:{name}"))
+            if header.release >= 1:
+                seen.setdefault(Path(name).name, []).append((header.release, header.digest))
+    return seen
+
+
+def test_no_function_file_ever_goes_back_to_an_older_release_or_reuses_one_for_new_text() -> None:
+    """Found by a review: a `git revert` of a function change brings back release N-1 with a
+    valid digest; a database at release N keeps N's (broken) body, and the fix never
+    applies. A file's release only goes up, and new text always takes a new release."""
+    history = function_file_history()
+    for f in load_functions():
+        header = read_header(f.sql)
+        earlier = history.get(f.name, [])
+        if not earlier:
+            continue
+        top = max(release for release, _ in earlier)
+        digests_at = {release: {d for r, d in earlier if r == release} for release, _ in earlier}
+        assert header.release >= top, (
+            f"{f.name} is release {header.release}, but release {top} of it was on this branch: a release "
+            "never goes back; run `python -m shared.migrate --stamp` after bumping it past "
+            f"{top} (a reverted change is a new release)"
+        )
+        if header.release == top:
+            assert digests_at[top] == {header.digest}, (
+                f"{f.name}: release {top} had other text on this branch: give the new text a new release"
+            )
+
+
+def test_no_function_file_that_carried_a_release_is_renamed_or_removed() -> None:
+    """Found by a review: a renamed file's previous name, on a database that never saw it,
+    lets the previous release's image put its older bodies back. Function files keep their
+    names."""
+    gone = sorted(set(function_file_history()) - {f.name for f in load_functions()})
+    assert not gone, f"function files that carried a release are gone (renamed or removed): {gone}"
+
+
 def test_no_function_file_drops_or_retypes_a_function() -> None:
     """The previous release's processes call its functions during a rollout and after a
     rollback (docs/deploying.md "Rolling back"): a function file keeps every signature it
