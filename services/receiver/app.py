@@ -5,6 +5,7 @@ surface on two) until SIGTERM, then drains."""
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import logging
 import math
 import time
@@ -251,14 +252,19 @@ def _webhook_routes(settings: Settings) -> APIRouter:
                 # The environment's account, named by its first message (Avito's user id).
                 await record_seen(request.app.state.pool, platform, intake.account_id)
                 seen.add((platform, intake.account_id))
-            return await admit(runtime, settings, intake)
+            return await admit(runtime, settings, intake, announce=False)
 
         # While Postgres is away: held as long as the platform waits for an answer, then a
         # 503 it sends again (README "When Postgres is down").
         wait = settings.webhook_hold_seconds
         stored = await held_while_postgres_is_away(
-            admitted, min(wait, AVITO_HOLD_SECONDS) if platform == "avito" else wait
+            admitted,
+            min(wait, AVITO_HOLD_SECONDS) if platform == "avito" else wait,
+            lambda: postgres_answers(settings),
         )
+        # The person is told after the message is stored, outside the hold: a slow alert
+        # receiver never makes a stored message look unstored.
+        await tell_a_person(runtime, settings, intake, stored)
         fault_point("receiver.after_commit")
         if runtime.relay is not None and not stored.duplicate and stored.status == "accepted":
             runtime.relay.notify()
@@ -498,7 +504,38 @@ def _avito_recovery(
     return http, platforms, recovery
 
 
-async def admit(runtime: Runtime, settings: Settings, intake: Intake, *, recovered: bool = False) -> Stored:
+async def postgres_answers(settings: Settings) -> bool:
+    """Whether Postgres answers at all, on a connection of its own (the pool's may all be
+    busy with the statements being judged): a second to connect and answer."""
+    try:
+        conn = await asyncpg.connect(settings.database_url.get_secret_value(), timeout=1.0)
+    except Exception:
+        return False
+    try:
+        return bool(await conn.fetchval("SELECT true", timeout=1.0))
+    except Exception:
+        return False
+    finally:
+        with contextlib.suppress(Exception):
+            await conn.close(timeout=1.0)
+
+
+async def tell_a_person(runtime: Runtime, settings: Settings, intake: Intake, stored: Stored) -> None:
+    """Announce a message handed to a person as it was stored (once: not for a repeat)."""
+    if stored.status != "needs_review" or stored.duplicate or runtime.alerter is None:
+        return
+    account = runtime.accounts.get(intake.platform, intake.account_id)
+    await announce_review(
+        runtime.alerter,
+        intake.for_a_person(settings.unreadable_policy(account)),
+        stored,
+        settings.review_owner,
+    )
+
+
+async def admit(
+    runtime: Runtime, settings: Settings, intake: Intake, *, recovered: bool = False, announce: bool = True
+) -> Stored:
     """Store a platform's message as the account's settings take it, whether its webhook
     brought it or the poll found it: a message the bot cannot read alone goes to a person
     (CHATQ_UNREADABLE_MESSAGES, per account), who is told; a seller's message holds the
@@ -517,8 +554,8 @@ async def admit(runtime: Runtime, settings: Settings, intake: Intake, *, recover
         )
     else:
         stored = await runtime.intake.store(intake, hold_seconds=hold, review_owner=settings.review_owner)
-    if stored.status == "needs_review" and not stored.duplicate and runtime.alerter is not None:
-        await announce_review(runtime.alerter, intake, stored, settings.review_owner)
+    if announce:
+        await tell_a_person(runtime, settings, intake, stored)
     return stored
 
 

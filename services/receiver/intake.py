@@ -15,6 +15,7 @@ is refused.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import dataclasses
 import json
 import logging
@@ -188,22 +189,39 @@ AVITO_HOLD_SECONDS = 1.5
 RETRY_AFTER_SECONDS = 10
 
 
-async def held_while_postgres_is_away(store: Callable[[], Awaitable[Stored]], hold_seconds: float) -> Stored:
+async def held_while_postgres_is_away(
+    store: Callable[[], Awaitable[Stored]],
+    hold_seconds: float,
+    reachable: Callable[[], Awaitable[bool]] | None = None,
+) -> Stored:
     """``store()``; while Postgres is unreachable (the error the consumers retry in
     process: connection refused or lost, the server shutting down or out of connections),
     tried again with backoff for up to ``hold_seconds``, the delivery held meanwhile; then
     a 503 with Retry-After and nothing stored, which every platform sends again. An attempt
     that outlasts the hold may still commit: the platform's next delivery is then a
-    duplicate, never a second message."""
+    duplicate, never a second message.
+
+    An attempt still running at the end of the hold is cut only when Postgres does not
+    answer (``reachable``, asked on a connection of its own): a statement that waits for a
+    lock (a seller's message behind its chat's) or a slow one is waited for, not answered
+    503 after having done nothing (a review found a seller's message lost that way)."""
     loop = asyncio.get_running_loop()
     deadline = loop.time() + hold_seconds
     backoff = 0.1
     while True:
         left = deadline - loop.time()
+        attempt = asyncio.ensure_future(store())
         try:
-            return await asyncio.wait_for(store(), timeout=max(left, 0.5))
+            return await asyncio.wait_for(asyncio.shield(attempt), timeout=max(left, 0.5))
+        except TimeoutError as exc:
+            if reachable is not None and await reachable():
+                return await attempt  # Postgres answers: slow, not away
+            attempt.cancel()
+            with contextlib.suppress(BaseException):
+                await attempt
+            error: BaseException = exc
         except Exception as exc:
-            if not isinstance(exc, TimeoutError) and classify(exc) is not Outcome.RETRY_IN_PROCESS:
+            if classify(exc) is not Outcome.RETRY_IN_PROCESS:
                 raise
             error = exc
         left = deadline - loop.time()

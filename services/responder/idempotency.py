@@ -428,9 +428,15 @@ class PgJobSession:
         ``Unrecorded``): parts first; then the reply, which settles the job (a Skip says
         so). None when only parts were known: the claim goes on, and resumes the reply
         from them. A loss again raises, and what is known stays for the next run."""
+        # The job's lock first, as its claim takes it: another consumer holding the job
+        # decides it (its give-up, its record), and this one waits its turn.
+        got = await self._run(lambda conn: conn.fetchval("SELECT pg_try_advisory_lock($1)", self._lock_key))
+        if not got:
+            raise JobBusy(f"job {job_id} is being handled by another consumer")
+        self._set_locked(True)
         for number, message_id in sorted(known.parts.items()):
             await self.part_done(job_id, number, DeliveryStatus.SENT, message_id)
-            del known.parts[number]
+            known.parts.pop(number, None)
         if known.sent is None:
             self._unrecorded.pop(job_id, None)
             return None

@@ -282,8 +282,17 @@ class Consumer:
                     f.cancel()
                 self.consuming = False
                 if not self._stopping.is_set():
-                    logger.warning("channel to %s closed; reconnecting", self._queue)
-                    await self._broker.reset(connection)
+                    # Only this channel closed (an unknown delivery tag, the broker's consumer
+                    # timeout, a deleted queue): its own channel is opened again on the same
+                    # connection, which the other consumers share. A closed connection is
+                    # dropped, and the next open makes a new one.
+                    if connection is not None and connection.is_closed:
+                        logger.warning("connection of %s closed; reconnecting", self._queue)
+                        await self._broker.reset(connection)
+                    else:
+                        logger.warning("channel to %s closed; opening it again", self._queue)
+                        await self._pause(backoff)
+                        backoff = min(backoff * 2, self._max_backoff)
             except asyncio.CancelledError:
                 raise
             except Exception as exc:

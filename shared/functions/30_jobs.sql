@@ -1,4 +1,4 @@
--- chatq:release 2 sha256:c0d58f959962640f
+-- chatq:release 3 sha256:44a6c8f2ec637dd0
 -- The reply job aggregate: claim, before send, record, give up. Each is one statement, so
 -- one round trip and one transaction; a reply costs three (claim, before send, record).
 --
@@ -127,6 +127,8 @@ BEGIN
         r.reason := 'another consumer is handling this job';
         RETURN r;
     END IF;
+    -- The chat's lock before the job's row (see chatq_give_up).
+    PERFORM pg_advisory_xact_lock(hashtextextended(x.chat_key, 0)) FROM reply_jobs x WHERE x.id = p_job;
     SELECT r.status, r.platform, r.account_id, r.chat_id, r.operation_ids AS ops, r.chat_key AS ck,
            r.created_at AS created, d.status AS d_status, d.text AS d_text, d.started_at AS d_started,
            coalesce(d.maybe_sent, false) AS d_maybe, d.maybe_since AS d_since
@@ -745,6 +747,8 @@ DECLARE
     replied uuid[] := '{}';
     latest chatq_order;
 BEGIN
+    -- The chat's lock before the job's row (see chatq_give_up).
+    PERFORM pg_advisory_xact_lock(hashtextextended(x.chat_key, 0)) FROM reply_jobs x WHERE x.id = p_job;
     UPDATE reply_jobs r SET status = 'sent', reply_text = p_text, platform_message_id = p_platform_message_id,
            sent_at = clock_timestamp(), error_kind = NULL, error_message = NULL, updated_at = now()
     WHERE r.id = p_job AND r.status IN ('pending', 'processing')
@@ -918,6 +922,10 @@ BEGIN
         RETURN NEXT;
         RETURN;
     END IF;
+    -- The chat's lock before the job's row, as the seller's message and the batched steps
+    -- take them (ending the job takes the chat's lock in its trigger: taken after the row,
+    -- it deadlocked with a seller's message of the chat, found by a review).
+    PERFORM pg_advisory_xact_lock(hashtextextended(r.chat_key, 0)) FROM reply_jobs r WHERE r.id = p_job;
     SELECT r.status, r.chat_key AS ck, r.operation_ids AS ops, d.status AS d_status,
            coalesce(d.maybe_sent, false) AS d_maybe
     INTO j

@@ -23,7 +23,7 @@ import hmac
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..errors import ApiError
-from ..intake import BusinessConnectionState, Intake, epoch_to_datetime
+from ..intake import MAX_ID_LENGTH, BusinessConnectionState, Intake, check_storable, epoch_to_datetime
 from .media import telegram_media, telegram_service
 
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
@@ -229,6 +229,11 @@ def _connection_intake(
 ) -> Intake:
     """A business_connection update: stored as ignored (for the record), and the
     connection's state for the receiver to keep."""
+    check_storable("business_connection.id", connection.id)
+    if len(connection.id) > MAX_ID_LENGTH:
+        raise ApiError(
+            422, "invalid_payload", f"business_connection.id is longer than {MAX_ID_LENGTH} characters"
+        )
     if not connection.id:
         return Intake(
             "telegram", account_id, str(update_id), None, None, None, None, None, raw,
