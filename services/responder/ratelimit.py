@@ -103,7 +103,9 @@ class SharedBudget:
 
 
 # Counts the request in the current minute unless the platform paused the account or the
-# caller's share of the window is spent; says how long to wait otherwise.
+# caller's share of the window is spent; says how long to wait otherwise: to the end of the
+# pause, and to the minute's end only when the window is spent (it waited for the minute's
+# end after any pause, so a 429 asking for 2 s held the account up to a minute).
 _TAKE = """
 WITH up AS (
     INSERT INTO platform_budgets AS b (platform, account_id, window_start, used)
@@ -118,8 +120,10 @@ WITH up AS (
 )
 SELECT EXISTS (SELECT 1 FROM up) AS granted,
        coalesce((SELECT extract(epoch FROM greatest(
-                    b.paused_until, CASE WHEN b.window_start >= date_trunc('minute', clock_timestamp())
-                                         THEN b.window_start + interval '1 minute' END) - clock_timestamp())
+                    CASE WHEN b.paused_until > clock_timestamp() THEN b.paused_until END,
+                    CASE WHEN b.window_start >= date_trunc('minute', clock_timestamp())
+                          AND b.used >= floor(coalesce(b.per_minute, $3) * $4::float8)
+                         THEN b.window_start + interval '1 minute' END) - clock_timestamp())
                  FROM platform_budgets b WHERE b.platform = $1 AND b.account_id = $2), 0) AS wait
 """
 _PAUSE = """

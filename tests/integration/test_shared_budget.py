@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from services.responder.ratelimit import BudgetSpent, SharedBudget
+from services.responder.ratelimit import _TAKE, BudgetSpent, SharedBudget
 from shared.db import create_pool
 from shared.settings import Settings
 
@@ -54,3 +54,25 @@ async def test_a_pause_avito_asks_for_holds_every_process_and_its_stated_limit_w
             await poll.take("777", share=0.5)  # its share of 2 is 1, taken
     finally:
         await other.close()
+
+
+async def test_a_pause_holds_the_account_for_as_long_as_avito_asked_not_to_the_end_of_the_minute(
+    settings: Settings, pool: asyncpg.Pool
+) -> None:
+    """A 429 asking for 2 s, in a minute whose window has room: the next request waits for the
+    pause, not for the minute to turn (it waited up to a minute: a reply in parts whose
+    second part met a 429 stalled for most of a minute)."""
+    sends = SharedBudget(pool, "avito", 1000)
+    await sends.take("777")  # the window of this minute is in use, far from spent
+    await sends.pause("777", 2)
+    row = await pool.fetchrow(_TAKE, "avito", "777", 1000, 1.0)
+    assert not row["granted"]
+    assert 0 < float(row["wait"]) <= 2.0, row["wait"]
+    # Spent, the window's end is the wait.
+    await pool.execute("UPDATE platform_budgets SET paused_until = NULL, used = 1000")
+    row = await pool.fetchrow(_TAKE, "avito", "777", 1000, 1.0)
+    to_the_minute = await pool.fetchval(
+        "SELECT extract(epoch FROM window_start + interval '1 minute' - clock_timestamp()) FROM platform_budgets"
+    )
+    assert not row["granted"]
+    assert abs(float(row["wait"]) - float(to_the_minute)) < 1.0, (row["wait"], to_the_minute)
