@@ -10,6 +10,7 @@ while nothing was in flight and 2,000 jobs in flight when it runs."""
 
 from __future__ import annotations
 
+import asyncio
 import random
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -329,3 +330,90 @@ async def test_a_batched_claim_that_ends_jobs_of_two_chats_takes_their_locks_in_
     async with pool.acquire() as conn:
         statuses = await conn.fetch("SELECT status FROM reply_jobs WHERE id = ANY($1::uuid[])", [a, b])
     assert [r["status"] for r in statuses] == ["superseded", "superseded"]
+
+
+async def beside_a_seller(
+    pool: asyncpg.Pool, chat_key: str, job: uuid.UUID, statement: str, *args: Any
+) -> Any:
+    """``statement``'s rows, run on one connection while a seller's message of the chat holds
+    the chat's lock and then asks for the job's row (as chatq_seller_wrote does). A step
+    that took the job's row before the chat's lock deadlocks here."""
+    async with pool.acquire() as responder, pool.acquire() as seller:
+        pid = await responder.fetchval("SELECT pg_backend_pid()")
+        try:
+            async with seller.transaction():
+                await seller.execute("SELECT pg_advisory_xact_lock(hashtextextended($1, 0))", chat_key)
+                step = asyncio.ensure_future(responder.fetch(statement, *args))
+                deadline = asyncio.get_running_loop().time() + 10
+                while not await seller.fetchval("SELECT cardinality(pg_blocking_pids($1)) > 0", pid):
+                    assert asyncio.get_running_loop().time() < deadline, (
+                        "the step never waited for the seller"
+                    )
+                    await asyncio.sleep(0.02)
+                await seller.execute("SELECT 1 FROM reply_jobs WHERE id = $1 FOR UPDATE", job)
+            return await asyncio.wait_for(step, 10)
+        finally:
+            await responder.execute("SELECT pg_advisory_unlock_all()")
+
+
+@pytest.mark.parametrize("step", ["chatq_give_up", "chatq_record_sent", "chatq_claim_job"])
+async def test_a_single_job_step_that_ends_the_job_takes_the_chats_lock_before_the_jobs_row(pool, step: str):
+    """Give-up, record and claim end the job, whose trigger takes the chat's lock: taken
+    after the job's row, a seller's message of the chat (chat's lock, then the row) and the
+    step waited on each other, one of them failed (found by the review of issue 40)."""
+    from tests.integration.test_before_send_batch import job_in_flight
+
+    async with pool.acquire() as conn:
+        job, key = await job_in_flight(
+            conn, f"s-{uuid.uuid4().hex[:6]}", seller_wrote=step == "chatq_claim_job",
+            status="pending" if step == "chatq_claim_job" else "processing",
+        )  # fmt: skip
+    statement, args = {
+        "chatq_give_up": (
+            "SELECT * FROM chatq_give_up($1, 'permanent', 'refused', 'ops', $2)",
+            (job, lock_key(job)),
+        ),
+        "chatq_record_sent": (
+            "SELECT * FROM chatq_record_sent($1, 'the reply', 'm-1', $2)",
+            (job, lock_key(job)),
+        ),
+        "chatq_claim_job": ("SELECT (chatq_claim_job($1, 1, $2, 12)).*", (job, lock_key(job))),
+    }[step]
+    rows = await beside_a_seller(pool, key, job, statement, *args)
+    async with pool.acquire() as conn:
+        status = await conn.fetchval("SELECT status FROM reply_jobs WHERE id = $1", job)
+    # The step ended the job as it would alone: the seller's message waited its turn.
+    assert len(rows) == 1
+    assert (
+        status
+        == {"chatq_give_up": "failed", "chatq_record_sent": "sent", "chatq_claim_job": "superseded"}[step]
+    )
+
+
+async def test_a_known_record_waits_for_the_job_while_another_consumer_holds_it(pool):
+    """The process holds a reply's platform id whose record was lost with its connection,
+    while another consumer (a redelivery elsewhere) holds the job: the record is not made
+    behind that consumer's back, the claim is refused as busy, and once that consumer lets
+    go the record is made with the id, before anything else (the review of issue 40 found
+    it made without the job's lock)."""
+    from services.responder.idempotency import JobBusy, JobStore, Skip, Unrecorded
+    from tests.integration.test_before_send_batch import job_in_flight
+
+    async with pool.acquire() as conn:
+        job, _ = await job_in_flight(conn, f"k-{uuid.uuid4().hex[:6]}", seller_wrote=False)
+    store = JobStore(pool)
+    store.unrecorded[job] = Unrecorded(sent=("the reply", "m-1"))
+    async with pool.acquire() as other:
+        assert await other.fetchval("SELECT pg_try_advisory_lock($1)", lock_key(job))
+        async with store.exclusive(job) as session:
+            with pytest.raises(JobBusy):
+                await session.claim(job, 2)
+        assert await pool.fetchval("SELECT status FROM reply_jobs WHERE id = $1", job) == "processing"
+        assert job in store.unrecorded, "the known id was dropped"
+        await other.execute("SELECT pg_advisory_unlock($1)", lock_key(job))
+    async with store.exclusive(job) as session:
+        settled = await session.claim(job, 2)
+    assert isinstance(settled, Skip), settled  # the reply is recorded, not claimed again
+    row = await pool.fetchrow("SELECT status, platform_message_id FROM reply_jobs WHERE id = $1", job)
+    assert (row["status"], row["platform_message_id"]) == ("sent", "m-1")
+    assert job not in store.unrecorded
