@@ -213,6 +213,23 @@ WHERE p.pronamespace = current_schema()::regnamespace AND p.xmin = pg_current_xa
 
 ROLLBACK_RUNBOOK = 'docs/deploying.md "Rolling back"'
 
+# Pairs of functions of one name in our schema that a call could not choose between: a
+# shape this transaction wrote (``p.xmin``) whose parameters, defaults taken, accept a call
+# another shape of the name accepts too, with the same leading types. Forward-only releases
+# keep an earlier release's shape beside a new one; a new shape that only adds parameters
+# with defaults makes every call with the old arity "is not unique" on every upgraded
+# database, while a fresh database (no old shape) works: refused here, at the migration.
+_AMBIGUOUS_NOW = """
+SELECT DISTINCT format('%s and %s', a.oid::regprocedure, b.oid::regprocedure)
+FROM pg_proc a
+JOIN pg_proc b ON b.proname = a.proname AND b.pronamespace = a.pronamespace AND b.oid <> a.oid
+CROSS JOIN LATERAL generate_series(greatest(a.pronargs - a.pronargdefaults, b.pronargs - b.pronargdefaults)::int,
+                                   least(a.pronargs, b.pronargs)::int) AS k
+WHERE a.pronamespace = current_schema()::regnamespace AND a.xmin = pg_current_xact_id()::xid
+  AND (a.pronargdefaults > 0 OR b.pronargdefaults > 0)
+  AND (k = 0 OR (a.proargtypes::oid[])[0:k - 1] = (b.proargtypes::oid[])[0:k - 1])
+"""
+
 
 @dataclass(frozen=True)
 class Newer:
@@ -376,6 +393,14 @@ async def _apply_function_file(conn: asyncpg.Connection, f: FunctionFile) -> Non
     await transaction.start()
     try:
         await conn.execute(f.sql)
+        ambiguous = [r[0] for r in await conn.fetch(_AMBIGUOUS_NOW)]
+        if ambiguous:
+            raise MigrationError(
+                f"{f.name} (release {f.release}) defines a function a call could not choose from another of its "
+                f"name: {'; '.join(ambiguous)}. An earlier release's shape stays beside a new one (forward only), so "
+                "every call with the earlier arity would fail on an upgraded database: give the new shape another "
+                "name, or drop the earlier one in a migration once no running release calls it"
+            )
         defined = await conn.fetchval(_DEFINED_NOW)
         await conn.execute(
             """

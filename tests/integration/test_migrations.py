@@ -427,3 +427,25 @@ async def test_a_release_rewritten_outside_the_releases_is_put_back_by_that_rele
     await conn.execute("UPDATE schema_functions SET checksum = 'written-by-an-older-chatqueue'")
     assert await apply_functions(conn, new) == ["10_a.sql"]
     assert await conn.fetchval("SELECT a_more()") == 3
+
+
+async def test_a_new_shape_that_only_adds_defaulted_parameters_beside_an_earlier_one_is_refused(
+    releases,
+) -> None:
+    """Found by the review of issue 41: release 2 gives a_answer a parameter with a default.
+    On a fresh database all is well; on one that ran release 1 the earlier shape stays
+    (forward only) and every call with one argument fails "is not unique". The migration
+    refuses, and the database keeps release 1 whole."""
+    old, new, conn = releases
+    assert await apply_functions(conn, old) == ["10_a.sql"]
+    release(new, "10_a.sql", 2, "CREATE OR REPLACE FUNCTION a_answer(p int, q int DEFAULT 0) RETURNS int "
+            "LANGUAGE sql AS 'SELECT 2';\n")  # fmt: skip
+    with pytest.raises(MigrationError, match=r"a_answer\(integer\) and a_answer\(integer,integer\)|"
+                       r"a_answer\(integer,integer\) and a_answer\(integer\)"):  # fmt: skip
+        await apply_functions(conn, new)
+    assert await conn.fetchval("SELECT release FROM schema_functions WHERE name = '10_a.sql'") == 1
+    assert await conn.fetchval("SELECT a_answer(0)") == 1
+    # A new shape that does not overlap (another type) is applied.
+    release(new, "10_a.sql", 2, "CREATE OR REPLACE FUNCTION a_answer(p text, q int DEFAULT 0) RETURNS int "
+            "LANGUAGE sql AS 'SELECT 2';\n")  # fmt: skip
+    assert await apply_functions(conn, new) == ["10_a.sql"]
