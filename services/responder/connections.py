@@ -46,29 +46,34 @@ class BusinessConnections:
         )
 
     async def pause(self, account_id: str, connection_id: str, reason: str, probe_in: float) -> bool:
-        """Telegram refused a send through the connection. True when it was not paused yet
-        (tell a person once)."""
-        was: bool | None = await self._pool.fetchval(
-            """
-            WITH old AS (
-                SELECT paused_reason IS NOT NULL AS paused FROM telegram_business_connections
-                WHERE account_id = $1 AND connection_id = $2
-            ), up AS (
-                INSERT INTO telegram_business_connections
-                    (account_id, connection_id, is_enabled, can_reply, paused_reason, next_probe_at)
-                VALUES ($1, $2, true, false, $3, now() + make_interval(secs => $4))
-                ON CONFLICT (account_id, connection_id) DO UPDATE
-                SET paused_reason = EXCLUDED.paused_reason, next_probe_at = EXCLUDED.next_probe_at,
-                    updated_at = now()
+        """Telegram refused a send through the connection. True for the one caller that
+        paused it (tell a person once): the row is paused only where it was not, or made
+        paused, so of two sends refused at once (two replicas, two jobs) one finds it
+        active. (Reading the old state first let both find it active: two alerts.)"""
+        return bool(
+            await self._pool.fetchval(
+                """
+                WITH up AS (
+                    UPDATE telegram_business_connections
+                    SET paused_reason = $3, next_probe_at = now() + make_interval(secs => $4), updated_at = now()
+                    WHERE account_id = $1 AND connection_id = $2 AND paused_reason IS NULL
+                    RETURNING 1
+                ), made AS (
+                    INSERT INTO telegram_business_connections
+                        (account_id, connection_id, is_enabled, can_reply, paused_reason, next_probe_at)
+                    SELECT $1, $2, true, false, $3, now() + make_interval(secs => $4)
+                    WHERE NOT EXISTS (SELECT 1 FROM up)
+                    ON CONFLICT (account_id, connection_id) DO NOTHING
+                    RETURNING 1
+                )
+                SELECT EXISTS (SELECT 1 FROM up) OR EXISTS (SELECT 1 FROM made)
+                """,
+                account_id,
+                connection_id,
+                reason,
+                probe_in,
             )
-            SELECT paused FROM old
-            """,
-            account_id,
-            connection_id,
-            reason,
-            probe_in,
         )
-        return not was
 
     async def resume(self, account_id: str, connection_id: str) -> bool:
         """Telegram says the connection works: its replies go. True when it was paused."""

@@ -245,6 +245,29 @@ async def test_a_send_refused_for_its_business_connection_pauses_it_once_and_a_p
         assert (await pipeline.settled(op, within=30))["status"] == "replied"
 
 
+@pytest.mark.parametrize("known", [False, True], ids=["no update came", "an update came"])
+async def test_sends_refused_at_once_for_one_business_connection_pause_it_for_exactly_one_of_them(
+    pool: asyncpg.Pool, known: bool
+) -> None:
+    """Eight sends through one connection refused at the same moment (jobs of two replicas):
+    exactly one pauses it and tells a person (each read the connection active first, and
+    each announced: two alerts, found by CI)."""
+    from services.responder.connections import BusinessConnections
+
+    if known:
+        await pool.execute(
+            "INSERT INTO telegram_business_connections (account_id, connection_id, is_enabled, can_reply)"
+            " VALUES ('acc', 'biz-race', true, true)"
+        )
+    connections = BusinessConnections(pool)
+    firsts = await asyncio.gather(
+        *(connections.pause("acc", "biz-race", "BUSINESS_CONNECTION_NOT_ALLOWED", 60) for _ in range(8))
+    )
+    assert sorted(firsts) == [False] * 7 + [True]
+    assert (await connections.paused("acc", "biz-race"))[0] == "BUSINESS_CONNECTION_NOT_ALLOWED"
+    assert not await connections.pause("acc", "biz-race", "again", 60)
+
+
 # ---- 6. echoes of our own replies --------------------------------------------------------
 
 
