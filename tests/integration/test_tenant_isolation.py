@@ -22,7 +22,7 @@ from services.responder.platforms.avito import token_key
 from shared import metrics
 from shared.secretbox import SecretBox
 from shared.settings import Settings
-from tests.conftest import GENERIC_SECRET, replace
+from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET, replace
 from tests.fakes.platforms import FakeWorld
 from tests.integration.test_many_accounts import BOT2, KEY, SHOP2, SHOP2_PATH, add, running
 from tests.support.broker import wait_for
@@ -435,3 +435,44 @@ def test_a_token_row_is_keyed_by_account_and_credentials_and_names_neither_clien
     key = token_key("888", "client-2", "client-2-secret-value")
     assert key.startswith("888:") and "client-2" not in key and "secret" not in key
     assert token_key("999", "client-2", "other") != key != token_key("888", "client-2", "other")
+
+
+async def test_every_webhook_path_refuses_every_other_accounts_credentials_and_stores_nothing(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """The cross-tenant matrix: each account's webhook (the environment's bot, Avito account
+    and generic sender on their single paths, and an added one of each on its own) posted
+    a message for that account with every other account's credential: all refused."""
+    bots = {"4242": TELEGRAM_SECRET, "5151": BOT2["credentials"]["webhook_secret"]}
+    shops = {777: AVITO_SECRET, 888: SHOP2["credentials"]["webhook_secret"]}
+    senders = {"shop-1": GENERIC_SECRET, "shop-3": SHOP3_WEBHOOK}
+    every = [*bots.values(), *shops.values(), *senders.values()]
+    async with running(keyed, pool, BOT2, SHOP2, shop3(world)) as p:
+        client, answers = p.client, []
+        for bot, own in bots.items():
+            for path in ("/v1/webhooks/telegram", f"/v1/webhooks/telegram/{bot}"):
+                if path == "/v1/webhooks/telegram" and bot != "4242":
+                    continue  # the single path is the environment's bot's only
+                for other in every:
+                    if other != own:
+                        header = {"X-Telegram-Bot-Api-Secret-Token": other}
+                        r = await client.post(path, json=telegram_update(1, chat_id=3), headers=header)
+                        answers.append((path, "telegram secret", r.status_code))
+        for user, own in shops.items():
+            for other in every:
+                if other != own:
+                    r = await client.post(
+                        f"/v1/webhooks/avito/{other}", json=avito_webhook("x", user_id=user)
+                    )
+                    answers.append((f"avito {user}", "path secret", r.status_code))
+        for account, own in senders.items():
+            body = dumps({**generic_message("x-1"), "account_id": account})
+            for path in ("/v1/webhooks/generic", *(f"/v1/webhooks/generic/{a}" for a in senders)):
+                for other in every:
+                    if other != own and other.startswith("whsec_"):
+                        headers = signed(other, body, webhook_id="x-1")
+                        r = await client.post(path, content=body, headers=headers)
+                        answers.append((path, f"generic for {account}", r.status_code))
+    assert len(answers) == 3 * 5 + 2 * 5 + 2 * 3  # telegram paths, Avito accounts, generic senders x paths
+    assert all(status in (401, 403) for *_, status in answers), [a for a in answers if a[2] not in (401, 403)]
+    assert await operations(pool) == 0
