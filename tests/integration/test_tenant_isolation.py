@@ -395,6 +395,11 @@ async def test_an_avito_token_is_sealed_keyed_by_its_account_never_reused_with_a
             "webhook_secret": "impostor-path-0123456789",
         },
     }
+    # What the previous release stored: the token in clear, keyed by the client id alone.
+    await pool.execute(
+        "INSERT INTO platform_tokens (platform, credential, token, expires_at)"
+        " VALUES ('avito', 'client-2', 'tok-in-clear', now() + interval '1 day')"
+    )
     async with running(keyed, pool, SHOP2, impostor) as p:
         r = await p.client.post(
             SHOP2_PATH, json=avito_webhook("s2-1", user_id=888, chat_id="c", text="price?")

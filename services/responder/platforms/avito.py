@@ -153,6 +153,14 @@ class AvitoToken:
                     self._seal.encrypt(token.encode()),
                     expires,
                 )
+                # The account's tokens of earlier credentials (and any left in clear by
+                # the previous release during a rollout) are not kept.
+                await conn.execute(
+                    "DELETE FROM platform_tokens WHERE platform = 'avito' AND credential <> $1"
+                    " AND (account_id IS NOT DISTINCT FROM $2 OR sealed IS NULL)",
+                    self._credential,
+                    self._account,
+                )
                 return token, expires
 
     async def _request(self) -> tuple[str, float]:
