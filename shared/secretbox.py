@@ -64,6 +64,7 @@ class SecretBox:
             if not text.strip() and self._fernet is not None:
                 return  # caught empty while it is rewritten: keep the keys in use
         if self.generation and text == self._text:
+            self.problem = None  # the keys in use, again (after a bad edit was undone)
             return  # the same keys: what they opened stays open
         try:
             fernet = MultiFernet(parse_keys(text)) if text else None

@@ -212,12 +212,6 @@ class AccountWriters:
         if account is None or not any(k in account.overrides for k in WRITER_OVERRIDES):
             return self.default
         mark = repr(sorted((k, account.overrides.get(k)) for k in WRITER_OVERRIDES))
-        problems = account_problems(account)
-        if problems:
-            raise Incomplete(
-                f"the {platform} account {account_id} cannot send: {'; '.join(problems)} (an added account "
-                "never sends with the environment's credentials): give them, then resume it"
-            )
         key = (platform, account_id)
         built = self._built.get(key)
         if built is None or built[0] != mark:

@@ -373,6 +373,8 @@ async def test_an_unparseable_key_file_keeps_the_last_good_keys_alerts_once_and_
             within=10,
             what="the key file good again",
         )
+        rotate = await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)
+        assert rotate.status_code == 200, rotate.text
 
 
 # -- 9. Avito tokens are credentials --------------------------------------------------------

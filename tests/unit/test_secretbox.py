@@ -86,6 +86,12 @@ def test_a_key_file_a_bad_edit_made_unusable_keeps_the_keys_in_use_and_says_why_
     assert "not-a-key-at-all" not in str(refused.value) and NEW not in str(refused.value)
     assert box.problem is not None and "stay in use" in box.problem
     assert box.configured and box.open(sealed) == CREDENTIALS
+    keys.write_text(OLD)  # the bad edit undone: the keys in use, again
+    box.reload()
+    assert box.problem is None and box.open(sealed) == CREDENTIALS
+    keys.write_text("not-a-key-at-all-but-long-enough")
+    with pytest.raises(SecretsUnavailable):
+        box.reload()
     keys.write_text(f"{NEW},{OLD}")
     box.reload()
     assert box.problem is None and box.open(SecretBox(NEW).seal(CREDENTIALS)) == CREDENTIALS
