@@ -35,6 +35,8 @@ from typing import Any
 
 import asyncpg
 
+from shared import metrics
+from shared.credentials import credential_problems
 from shared.secretbox import SecretBox, SecretsUnavailable
 from shared.settings import Settings
 
@@ -66,8 +68,18 @@ CREDENTIALS: dict[str, tuple[str, ...]] = {
 REQUIRED: dict[str, tuple[str, ...]] = {
     "telegram": ("bot_token", "webhook_secret"),
     "avito": ("client_id", "client_secret", "webhook_secret"),
-    "generic": ("webhook_secret",),
+    # Its replies go only where it says, signed with its own secret: never to the
+    # environment's CHATQ_GENERIC_REPLY_URL nor with CHATQ_GENERIC_REPLY_SECRET (issue 39).
+    "generic": ("webhook_secret", "reply_url", "reply_secret"),
 }
+
+#: The reason an added account whose credentials will not do (a row from before they were
+#: checked) is paused with at start.
+INCOMPLETE_REASON = (
+    "paused at start: the credentials of this {platform} account will not do: {problems}. An added "
+    "account never uses the environment's (CHATQ_GENERIC_REPLY_URL, CHATQ_GENERIC_REPLY_SECRET); give "
+    "them with `chatq accounts add {platform}:{account_id} --...`, then resume it"
+)
 
 
 def path_key(secret: str) -> str:
@@ -103,6 +115,19 @@ class Account:
         or overrides), never shows them."""
         parts = [repr(sorted(self.credentials.items())), repr(sorted(self.overrides.items()))]
         return hashlib.sha256("|".join(parts).encode()).hexdigest()[:16]
+
+
+def account_problems(account: Account) -> list[str]:
+    """Why an added account's credentials will not do (one it needs is missing, one has
+    not its format: ``shared.credentials``), a row from before they were checked; empty
+    for the environment's accounts and sealed ones (nothing here can read them)."""
+    if not account.owns_credentials or account.sealed is not None:
+        return []
+    c = account.credentials
+    problems = [f"no {k} of its own" for k in REQUIRED.get(account.platform, ()) if not c.get(k)]
+    return problems + credential_problems(
+        account.platform, account.account_id, {k: v for k, v in c.items() if v}
+    )
 
 
 _SELECT = f"""
@@ -172,6 +197,8 @@ class AccountRegistry:
         #: Each account's sealed credentials and what they opened to, under ``_generation``'s keys.
         self._opened: dict[Key, tuple[bytes, dict[str, str]]] = {}
         self._generation = box.generation
+        #: Why the key file cannot be used, as last logged (None: it can).
+        self._key_problem: str | None = box.problem
         #: Reads of the table one at a time, so a later read is never overwritten by an earlier one.
         self._lock = asyncio.Lock()
         self._pending: set[Key] = set()
@@ -233,11 +260,23 @@ class AccountRegistry:
         return account
 
     def _reload_keys(self) -> bool:
-        """Read the keys again (the key file, during a rotation); True when they changed."""
+        """Read the keys again (the key file, during a rotation); True when they changed.
+        A key file that cannot be used keeps the keys in use (and so every account as it
+        was opened), logged once and shown by ``chatq_secrets_key_file_invalid`` until it is
+        good again; reading the rows goes on, so a removal or a pause (which need no key)
+        still applies at once."""
         try:
             self.box.reload()
         except SecretsUnavailable as exc:
-            logger.warning("accounts: %s", exc)
+            if str(exc) != self._key_problem:
+                logger.error("accounts: %s", exc)
+            self._key_problem = str(exc)
+            metrics.SECRETS_KEY_FILE_INVALID.set(1)
+        else:
+            if self._key_problem is not None:
+                logger.warning("accounts: the secrets key file can be used again")
+            self._key_problem = None
+            metrics.SECRETS_KEY_FILE_INVALID.set(0)
         if self.box.generation == self._generation:
             return False
         self._generation = self.box.generation
@@ -437,3 +476,35 @@ async def record_seen(pool: asyncpg.Pool, platform: str, account_id: str) -> Non
         platform,
         account_id,
     )
+
+
+async def pause_incomplete(pool: asyncpg.Pool, registry: AccountRegistry) -> list[Key]:
+    """At start: pause (by a person, with the reason and the fix) every added account whose
+    credentials will not do, a row from before they were checked (a generic account without
+    its own reply_url or reply_secret, which replied through the environment's; a webhook
+    secret that is no Standard Webhooks key).
+    Its replies wait instead of going where the account never said. Returns those paused."""
+    paused: list[Key] = []
+    for account in list(registry.all()):
+        problems = account_problems(account)
+        if not problems or account.state == "paused_by_person":
+            continue
+        reason = INCOMPLETE_REASON.format(
+            platform=account.platform, account_id=account.account_id, problems="; ".join(problems)
+        )
+        moved = await pool.fetchval(
+            """
+            UPDATE accounts SET state = 'paused_by_person', state_reason = $3, state_since = now(),
+                   next_probe_at = NULL, updated_at = now()
+            WHERE platform = $1 AND account_id = $2 AND removed_at IS NULL AND state <> 'paused_by_person'
+            RETURNING true
+            """,
+            account.platform,
+            account.account_id,
+            reason,
+        )
+        if moved:
+            logger.error("%s account %s: %s", account.platform, account.account_id, reason)
+            paused.append((account.platform, account.account_id))
+    await registry.refresh_accounts(paused)
+    return paused

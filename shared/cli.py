@@ -242,6 +242,14 @@ def _account_rows(numbers: list[dict[str, Any]]) -> str:
 SECRET_OPTIONS = ("bot_token", "webhook_secret", "client_id", "client_secret", "reply_url", "reply_secret")
 
 
+#: What a credential option must hold (the admin API checks it: shared/credentials.py).
+CREDENTIAL_HELP = {
+    "webhook_secret": "; generic: a Standard Webhooks key, whsec_ + base64 of 24-64 bytes",
+    "reply_url": "; generic (required): where its replies go, http(s)://",
+    "reply_secret": "; generic (required): the whsec_ key its replies are signed with",
+}
+
+
 def _secret_value(value: str) -> str:
     if value == "-":
         return sys.stdin.readline().strip()
@@ -473,7 +481,11 @@ def parser() -> argparse.ArgumentParser:
     )
     s.add_argument("--name")
     for key in SECRET_OPTIONS:
-        s.add_argument(f"--{key.replace('_', '-')}", dest=key, help="a value, @FILE, or - (a line of stdin)")
+        s.add_argument(
+            f"--{key.replace('_', '-')}",
+            dest=key,
+            help="a value, @FILE, or - (a line of stdin)" + CREDENTIAL_HELP.get(key, ""),
+        )
     s.add_argument("--facts-file", help="this account's facts (read now, kept in the database)")
     s.add_argument("--model", dest="llm_model")
     s.add_argument("--prompt")

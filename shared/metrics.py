@@ -118,6 +118,10 @@ GAUGES_REFRESHED = Gauge(
     "(chatq_backlog, chatq_oldest_unfinished_age_seconds), outbox (chatq_outbox_pending, chatq_outbox_lag_seconds).",
     ["gauges"],
 )
+SECRETS_KEY_FILE_INVALID = Gauge(
+    "chatq_secrets_key_file_invalid",
+    "1 while CHATQ_SECRETS_KEY_FILE cannot be used (not Fernet keys): the keys read before stay in use.",
+)
 READY = Gauge(
     "chatq_ready",
     "Readiness per check, as /readyz judges it (1 ok, 0 failing): postgres, rabbitmq, progress.",

@@ -42,12 +42,17 @@ class SecretBox:
         self._file = key_file
         self._fernet: MultiFernet | None = None
         self._text: str | None = None
+        #: Why the key file last read could not be used (None: it could).
+        self.problem: str | None = None
         #: Incremented whenever the keys change (a rotation): what they opened may not open now.
         self.generation = 0
         self.reload()
 
     def reload(self) -> None:
-        """Read the keys again (the key file may have changed: a rotation)."""
+        """Read the keys again (the key file may have changed: a rotation). A key file that
+        cannot be used while keys are in use (unreadable, or not Fernet keys: a bad edit)
+        keeps those keys and raises SecretsUnavailable saying why (``problem`` holds it until
+        the file is good again); with no keys yet (at start), it raises too."""
         text = self._inline
         if self._file:
             try:
@@ -59,14 +64,27 @@ class SecretBox:
             if not text.strip() and self._fernet is not None:
                 return  # caught empty while it is rewritten: keep the keys in use
         if self.generation and text == self._text:
+            self.problem = None  # the keys in use, again (after a bad edit was undone)
             return  # the same keys: what they opened stays open
-        self._fernet = MultiFernet(parse_keys(text)) if text else None
+        try:
+            fernet = MultiFernet(parse_keys(text)) if text else None
+        except ValueError as exc:  # the message names the key's place, never the key
+            kept = "; the keys read before stay in use" if self._fernet is not None else ""
+            self.problem = f"SECRETS_KEY_FILE cannot be used: {exc}{kept}"
+            raise SecretsUnavailable(self.problem) from None
+        self.problem = None
+        self._fernet = fernet
         self._text = text
         self.generation += 1
 
     @property
     def configured(self) -> bool:
         return self._fernet is not None
+
+    @property
+    def fernet(self) -> MultiFernet:
+        """The keys themselves, for another credential sealed with them (an Avito token)."""
+        return self._require()
 
     def _require(self) -> MultiFernet:
         if self._fernet is None:

@@ -5,9 +5,11 @@ surface on two) until SIGTERM, then drains."""
 from __future__ import annotations
 
 import asyncio
+import base64
 import contextlib
 import logging
 import math
+import secrets
 import time
 from collections.abc import AsyncIterator
 from contextlib import AsyncExitStack, asynccontextmanager
@@ -24,10 +26,11 @@ from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from services.responder.accounts import AccountPlatforms, build_environment_platforms
 from services.responder.ratelimit import AccountRateLimiter
 from shared import metrics
-from shared.accounts import AccountRegistry, record_environment, record_seen
+from shared.accounts import AccountRegistry, pause_incomplete, record_environment, record_seen
 from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.topology import INBOUND_EXCHANGE
+from shared.credentials import whsec_problem
 from shared.faults import fault_point
 from shared.lifecycle import freeze_startup_heap
 from shared.ops_http import READINESS_SECONDS, OpsServer, export_readiness, postgres_check, readiness_gauges
@@ -124,6 +127,7 @@ class ReceiverApps:
         accounts = AccountRegistry.from_settings(pool, settings)
         await accounts.start()
         parts.closing("accounts", accounts)
+        await pause_incomplete(pool, accounts)  # as the responder does (shared.accounts)
         broker = parts.broker("chatq-receiver-relay")
         relay = None
         if settings.relay_enabled:
@@ -231,6 +235,12 @@ def _webhook_routes(settings: Settings) -> APIRouter:
     avito_secret = _secret(settings.avito_webhook_secret)
     telegram_account = settings.telegram_account_id
     telegram_chat_types = settings.telegram_chat_type_set
+    # An account's own path answers an account that is not there (never added, removed, or
+    # its credentials unusable) exactly as it answers a wrong secret: the same check runs,
+    # against a secret of this process nobody knows, so the same status, body and time come
+    # back, and no answer tells which accounts exist (issue 39).
+    decoy_secret = secrets.token_urlsafe(32)
+    decoy_verifier = generic.verifier("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode())
     router = APIRouter()
     seen: set[tuple[str, str]] = set()
 
@@ -323,13 +333,13 @@ def _webhook_routes(settings: Settings) -> APIRouter:
     async def telegram_account_webhook(account_id: str, request: Request) -> JSONResponse:
         with _rejections("telegram"):
             account = registry(request).get("telegram", account_id)
+            expected = None
             if account is not None and account.owns_credentials:
                 expected = account.credentials.get("webhook_secret")
             elif account_id == telegram_account and (account is None or not account.removed):
                 expected = telegram_secret  # the environment's bot, on its own path too
-            else:
-                raise ApiError(404, "account_not_found", f"no Telegram bot {account_id} here")
-            telegram.authenticate(expected, request.headers.get(telegram.SECRET_HEADER))
+            # No bot here (or none with a secret): refused as a wrong secret token is.
+            telegram.authenticate(expected or decoy_secret, request.headers.get(telegram.SECRET_HEADER))
         return await telegram_update(request, account_id)
 
     @router.post("/v1/webhooks/avito/{secret}", openapi_extra=json_body(avito.AvitoWebhook))
@@ -338,7 +348,8 @@ def _webhook_routes(settings: Settings) -> APIRouter:
         with _rejections("avito"):
             account = registry(request).by_path_secret("avito", secret)
             if account is None:
-                avito.authenticate(avito_secret, secret)
+                # No account's path and no environment's: a wrong path secret, whichever.
+                avito.authenticate(avito_secret or decoy_secret, secret)
             # Any content type: Avito checks a subscription's URL with `curl -d '{}'` (form
             # content type, no payload) and wants a 200 within 2 s.
             data, raw = parse_json(await request.body())
@@ -390,15 +401,13 @@ def _webhook_routes(settings: Settings) -> APIRouter:
         "/v1/webhooks/generic/{account_id}", status_code=202, openapi_extra=json_body(generic.GenericMessage)
     )
     async def generic_account_webhook(account_id: str, request: Request) -> JSONResponse:
-        with _rejections("generic"):
-            account = registry(request).get("generic", account_id)
-            if account is None or not account.owns_credentials:
-                raise ApiError(
-                    404, "account_not_found", f"no generic account {account_id} with its own secret"
-                )
-        return await generic_message(
-            request, generic.verifier(account.credentials.get("webhook_secret")), account_id
-        )
+        account = registry(request).get("generic", account_id)
+        secret = account.credentials.get("webhook_secret") if account is not None else None
+        if account is None or not account.owns_credentials or not secret or whsec_problem(secret):
+            # Not there, removed, or a secret from before they were checked that is no key:
+            # the signature is checked against nobody's key, and fails as a wrong one does.
+            return await generic_message(request, decoy_verifier, account_id)
+        return await generic_message(request, generic.verifier(secret), account_id)
 
     return router
 
@@ -481,7 +490,7 @@ def _avito_recovery(
         )
     )
     limiter = AccountRateLimiter(settings.platform_rate_per_second)
-    environment = build_environment_platforms(settings, http, pool, limiter)
+    environment = build_environment_platforms(settings, http, pool, limiter, accounts.box)
     platforms = AccountPlatforms(
         settings, http, pool, accounts, {k: v for k, v in environment.items() if k == "avito"}, limiter
     )

@@ -12,7 +12,8 @@ from collections.abc import Mapping
 
 import asyncpg
 
-from shared.accounts import Account, AccountRegistry
+from shared.accounts import Account, AccountRegistry, account_problems
+from shared.secretbox import SecretBox
 from shared.settings import Settings
 
 from .llm import SYSTEM_PROMPT, FactsWriter, OpenAIWriter, ReplyWriter, account_facts_path, facts_text
@@ -27,6 +28,11 @@ from .ratelimit import AccountRateLimiter, SharedBudget
 class Unserved(Exception):
     """The account's replies cannot be sent by this deployment (removed, or its credentials
     cannot be opened): why, in words a person reads."""
+
+
+class Incomplete(Unserved):
+    """The account lacks a credential it needs to send (a row from before it was required):
+    its replies wait while it is paused for it, and fail when it is not."""
 
 
 class FixedPlatforms:
@@ -97,6 +103,12 @@ class AccountPlatforms:
             raise Unserved(
                 f"the {platform} account {account_id}'s credentials cannot be opened: {account.sealed}"
             )
+        problems = account_problems(account)
+        if problems:
+            raise Incomplete(
+                f"the {platform} account {account_id} cannot send: {'; '.join(problems)} (an added account "
+                "never sends with the environment's credentials): give them, then resume it"
+            )
         key = (platform, account_id)
         built = self._built.get(key)
         if built is None or built[0] != account.fingerprint:
@@ -109,16 +121,20 @@ class AccountPlatforms:
         if account.platform == "telegram":
             return TelegramPlatform(s.telegram_api_base, c["bot_token"], self._client, self._limiter)
         if account.platform == "avito":
-            token = AvitoToken(s.avito_api_base, c["client_id"], c["client_secret"], self._client, self._pool)
-            return AvitoPlatform(s.avito_api_base, token, self._client, self._limiter, self._budget)
-        url = c.get("reply_url") or s.generic_reply_url
-        if not url:
-            raise Unserved(
-                f"the generic account {account.account_id} has no reply_url, nor CHATQ_GENERIC_REPLY_URL"
+            token = AvitoToken(
+                s.avito_api_base,
+                c["client_id"],
+                c["client_secret"],
+                self._client,
+                self._pool,
+                account=account.account_id,
+                box=self._registry.box if self._registry is not None else None,
             )
-        secret = c.get("reply_secret") or (
-            s.generic_reply_secret.get_secret_value() if s.generic_reply_secret else None
-        )
+            return AvitoPlatform(s.avito_api_base, token, self._client, self._limiter, self._budget)
+        # Only where the account says, signed with its own secret (for_account checked both
+        # are there): never CHATQ_GENERIC_REPLY_URL or CHATQ_GENERIC_REPLY_SECRET, or the
+        # account could replay a reply's genuine signature into the environment's endpoint.
+        url, secret = c["reply_url"], c["reply_secret"]
         return GenericPlatform(url, secret, self._client, self._limiter)
 
     async def aclose(self) -> None:
@@ -128,7 +144,11 @@ class AccountPlatforms:
 
 
 def build_environment_platforms(
-    settings: Settings, client: HttpClient, pool: asyncpg.Pool, limiter: AccountRateLimiter
+    settings: Settings,
+    client: HttpClient,
+    pool: asyncpg.Pool,
+    limiter: AccountRateLimiter,
+    box: SecretBox | None = None,
 ) -> dict[str, Platform]:
     """Every platform whose reply credentials the environment configures, and the sandbox."""
     platforms: dict[str, Platform] = {}
@@ -145,6 +165,7 @@ def build_environment_platforms(
             settings.avito_client_secret.get_secret_value(),
             client,
             pool,
+            box=box,  # its token sealed with the accounts' key, when there is one
         )
         budget = SharedBudget(pool, "avito", settings.avito_requests_per_minute)
         platforms["avito"] = AvitoPlatform(settings.avito_api_base, token, client, limiter, budget)

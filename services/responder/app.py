@@ -10,7 +10,7 @@ import asyncpg
 import httpx
 
 from shared import metrics
-from shared.accounts import AccountRegistry
+from shared.accounts import AccountRegistry, pause_incomplete
 from shared.alerts import Alerter
 from shared.broker.consumer import Consumer, RetryTiers
 from shared.broker.dead_letters import DeadLetterRecorder
@@ -73,8 +73,11 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     registry = AccountRegistry.from_settings(pool, settings)
     await registry.start()
     parts.closing("accounts", registry)
+    # Added accounts from before a credential was required (a generic one without its own
+    # reply_url / reply_secret) wait, paused with the reason, instead of replying elsewhere.
+    await pause_incomplete(pool, registry)
     limiter = AccountRateLimiter(settings.platform_rate_per_second)
-    environment = build_environment_platforms(settings, platform_http, pool, limiter)
+    environment = build_environment_platforms(settings, platform_http, pool, limiter, registry.box)
     platforms = parts.closing(
         "account platforms", AccountPlatforms(settings, platform_http, pool, registry, environment, limiter)
     )

@@ -28,7 +28,7 @@ from shared.retry import attempt_of
 from shared.settings import DEFAULT_GREETING
 from shared.state.job import DeliveryStatus
 
-from .accounts import AccountPlatforms, AccountWriters, FixedPlatforms, Unserved
+from .accounts import AccountPlatforms, AccountWriters, FixedPlatforms, Incomplete, Unserved
 from .connections import BusinessConnections
 from .echoes import CLOCK_SKEW_SECONDS, Echoes
 from .failures import Failure, Kind
@@ -143,6 +143,9 @@ class Responder:
         try:
             platform = self._platforms.for_account(job.platform, job.account_id)
         except Unserved as unserved:
+            if isinstance(unserved, Incomplete) and job.account_paused is not None:
+                # Paused until a person gives the account what it lacks: wait, like any pause.
+                await self._wait_for_account(db, job, job.account_paused)
             await self._give_up(db, job.job_id, "permanent", str(unserved))
             raise Reject(str(unserved)) from None
         if platform is None:

@@ -68,3 +68,37 @@ def test_a_secrets_key_that_is_not_a_fernet_key_is_refused_without_showing_it() 
         Settings(secrets_key=f"{NEW},not-a-key-at-all-but-long-enough")
     assert "key 2 is not a Fernet key" in str(refused.value)
     assert "not-a-key-at-all" not in str(refused.value) and NEW not in str(refused.value)
+
+
+def test_a_key_file_a_bad_edit_made_unusable_keeps_the_keys_in_use_and_says_why_without_the_key(
+    tmp_path: Path,
+) -> None:
+    """Issue 39: the file read again holds something that is not Fernet keys. The keys read
+    before stay (every account keeps working), the reason names the key's place, and the
+    file good again ends it."""
+    keys = tmp_path / "secrets-key"
+    keys.write_text(OLD)
+    box = SecretBox(key_file=str(keys))
+    sealed = box.seal(CREDENTIALS)
+    keys.write_text(f"{NEW},not-a-key-at-all-but-long-enough")
+    with pytest.raises(SecretsUnavailable, match="key 2 is not a Fernet key") as refused:
+        box.reload()
+    assert "not-a-key-at-all" not in str(refused.value) and NEW not in str(refused.value)
+    assert box.problem is not None and "stay in use" in box.problem
+    assert box.configured and box.open(sealed) == CREDENTIALS
+    keys.write_text(OLD)  # the bad edit undone: the keys in use, again
+    box.reload()
+    assert box.problem is None and box.open(sealed) == CREDENTIALS
+    keys.write_text("not-a-key-at-all-but-long-enough")
+    with pytest.raises(SecretsUnavailable):
+        box.reload()
+    keys.write_text(f"{NEW},{OLD}")
+    box.reload()
+    assert box.problem is None and box.open(SecretBox(NEW).seal(CREDENTIALS)) == CREDENTIALS
+
+
+def test_a_key_file_that_is_not_keys_at_start_refuses_to_start_with_the_reason(tmp_path: Path) -> None:
+    keys = tmp_path / "secrets-key"
+    keys.write_text("not-a-key-at-all-but-long-enough")
+    with pytest.raises(SecretsUnavailable, match="key 1 is not a Fernet key"):
+        SecretBox(key_file=str(keys))

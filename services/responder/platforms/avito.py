@@ -9,12 +9,17 @@ the job failed. Otherwise it is about the chat, and that job fails alone."""
 from __future__ import annotations
 
 import asyncio
+import base64
+import hashlib
 import logging
 import random
 import time
 from typing import Any, TypeGuard
 
 import asyncpg
+from cryptography.fernet import Fernet, InvalidToken, MultiFernet
+
+from shared.secretbox import SecretBox
 
 from ..failures import Failure, Kind
 from ..ratelimit import AccountRateLimiter, SharedBudget
@@ -48,12 +53,19 @@ CLOCK_SKEW_SECONDS = 5.0
 
 
 class AvitoToken:
-    """The access token of one set of client credentials, shared by every send of every
+    """The access token of one account's client credentials, shared by every send of every
     replica: kept in Postgres (``platform_tokens``) and refreshed when 90% of its life has
     passed (at most 10 minutes ahead) by one process at a time, under an advisory lock;
     the others read the new one. Replicas never invalidate each other's tokens, and N
     replicas cost one token request, not N. Each process keeps the token it read until
-    it is due, so a send reads Postgres only around a refresh."""
+    it is due, so a send reads Postgres only around a refresh.
+
+    The token is a credential (issue 39): stored sealed with the accounts' key
+    (CHATQ_SECRETS_KEY, ``box``), or without one (the environment's account alone) with a
+    key made from the client credentials themselves; and keyed by the account and a digest
+    of its client id and secret, never the client id alone, so an account given another's
+    client id with a wrong secret never reuses that account's token (it asks Avito, which
+    refuses it). Removing the account deletes its tokens (``services/receiver/accounts_api``)."""
 
     def __init__(
         self,
@@ -62,9 +74,16 @@ class AvitoToken:
         client_secret: str,
         client: HttpClient,
         pool: asyncpg.Pool | None = None,
+        *,
+        account: str | None = None,
+        box: SecretBox | None = None,
     ) -> None:
         self._url = f"{api_base.rstrip('/')}/token"
-        self._client_id = client_id
+        self._account = account
+        self._credential = token_key(account, client_id, client_secret)
+        self._seal: Fernet | MultiFernet = (
+            box.fernet if box is not None and box.configured else _own_key(client_id, client_secret)
+        )
         self._form = {
             "grant_type": "client_credentials",
             "client_id": client_id,
@@ -95,31 +114,52 @@ class AvitoToken:
     def _usable(token: str | None, refresh_at: float, stale: str | None) -> bool:
         return token is not None and token != stale and time.time() < refresh_at
 
+    def _opened(self, row: asyncpg.Record | None) -> tuple[str, float] | None:
+        """The stored token, when this account's key opens it (after a key rotation it may
+        not: then it is asked for again)."""
+        if row is None:
+            return None
+        try:
+            return self._seal.decrypt(bytes(row["sealed"])).decode(), row["expires"]
+        except InvalidToken:
+            return None
+
     async def _shared(self, stale: str | None) -> tuple[str, float]:
         assert self._pool is not None
         async with self._pool.acquire() as conn:
-            row = await conn.fetchrow(_READ_TOKEN, self._client_id)
-            if row and self._usable(row["token"], _refresh_time(row["expires"]), stale):
-                return row["token"], row["expires"]
+            known = self._opened(await conn.fetchrow(_READ_TOKEN, self._credential))
+            if known and self._usable(known[0], _refresh_time(known[1]), stale):
+                return known
             async with conn.transaction():
                 # One refresh across replicas; the others wait here, then read its token.
                 await conn.execute(
-                    "SELECT pg_advisory_xact_lock(hashtextextended('avito-token:' || $1, 0))", self._client_id
+                    "SELECT pg_advisory_xact_lock(hashtextextended('avito-token:' || $1, 0))",
+                    self._credential,
                 )
-                row = await conn.fetchrow(_READ_TOKEN, self._client_id)
-                if row and self._usable(row["token"], _refresh_time(row["expires"]), stale):
-                    return row["token"], row["expires"]
+                known = self._opened(await conn.fetchrow(_READ_TOKEN, self._credential))
+                if known and self._usable(known[0], _refresh_time(known[1]), stale):
+                    return known
                 token, expires = await self._request()
                 await conn.execute(
                     """
-                    INSERT INTO platform_tokens (platform, credential, token, expires_at)
-                    VALUES ('avito', $1, $2, to_timestamp($3))
+                    INSERT INTO platform_tokens (platform, credential, account_id, sealed, expires_at)
+                    VALUES ('avito', $1, $2, $3, to_timestamp($4))
                     ON CONFLICT (platform, credential) DO UPDATE
-                    SET token = EXCLUDED.token, expires_at = EXCLUDED.expires_at, refreshed_at = now()
+                    SET sealed = EXCLUDED.sealed, token = NULL, expires_at = EXCLUDED.expires_at,
+                        refreshed_at = now()
                     """,
-                    self._client_id,
-                    token,
+                    self._credential,
+                    self._account,
+                    self._seal.encrypt(token.encode()),
                     expires,
+                )
+                # The account's tokens of earlier credentials (and any left in clear by
+                # the previous release during a rollout) are not kept.
+                await conn.execute(
+                    "DELETE FROM platform_tokens WHERE platform = 'avito' AND credential <> $1"
+                    " AND (account_id IS NOT DISTINCT FROM $2 OR sealed IS NULL)",
+                    self._credential,
+                    self._account,
                 )
                 return token, expires
 
@@ -149,9 +189,23 @@ class AvitoToken:
 
 
 _READ_TOKEN = """
-SELECT token, extract(epoch FROM expires_at)::float8 AS expires
-FROM platform_tokens WHERE platform = 'avito' AND credential = $1
+SELECT sealed, extract(epoch FROM expires_at)::float8 AS expires
+FROM platform_tokens WHERE platform = 'avito' AND credential = $1 AND sealed IS NOT NULL
 """
+
+
+def token_key(account: str | None, client_id: str, client_secret: str) -> str:
+    """Whose token a row of ``platform_tokens`` is: the account (``environment`` for the
+    environment's credentials) and a digest of its client id and secret (never either)."""
+    digest = hashlib.sha256(f"{client_id}\0{client_secret}".encode()).hexdigest()[:32]
+    return f"{account or 'environment'}:{digest}"
+
+
+def _own_key(client_id: str, client_secret: str) -> Fernet:
+    """Without CHATQ_SECRETS_KEY (the environment's account alone): a key only the holder
+    of the client credentials can make."""
+    material = hashlib.sha256(f"chatq avito token\0{client_id}\0{client_secret}".encode()).digest()
+    return Fernet(base64.urlsafe_b64encode(material))
 
 
 def _refresh_time(expires: float) -> float:
