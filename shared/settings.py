@@ -15,6 +15,7 @@ from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
 from shared.messages import JobCaps
+from shared.reply_url import ReplyUrlPolicy, parse_networks
 
 LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/chatqueue"
 LOCAL_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -161,6 +162,11 @@ class Settings(BaseSettings):
     generic_webhook_secret: SecretStr | None = None
     generic_reply_url: str | None = None
     generic_reply_secret: SecretStr | None = None
+    # Where an added generic account's reply_url may point beyond the public internet
+    # (shared/reply_url.py): host names as written in the URL, and CIDR networks,
+    # comma-separated. Empty: public addresses only.
+    reply_url_allow_hosts: str = ""
+    reply_url_allow_networks: str = ""
 
     # Accounts as data (README "Many accounts"): the Fernet keys that encrypt the accounts'
     # credentials in Postgres, comma-separated; the first encrypts, every one decrypts. Or a
@@ -315,6 +321,16 @@ class Settings(BaseSettings):
 
         parse_keys(v.get_secret_value())  # raises ValueError naming what is wrong, never the key
         return v
+
+    @field_validator("reply_url_allow_networks")
+    @classmethod
+    def _reply_url_networks_are_networks(cls, v: str) -> str:
+        parse_networks(v)  # raises ValueError naming the one that is not
+        return v
+
+    def reply_url_policy(self) -> ReplyUrlPolicy:
+        """Where an added generic account's reply_url may point (shared/reply_url.py)."""
+        return ReplyUrlPolicy.of(self.reply_url_allow_hosts, self.reply_url_allow_networks)
 
     @field_validator("telegram_chat_types")
     @classmethod

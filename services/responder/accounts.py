@@ -56,9 +56,15 @@ class AccountPlatforms:
         registry: AccountRegistry | None,
         environment: Mapping[str, Platform],
         limiter: AccountRateLimiter,
+        *,
+        reply_client: HttpClient | None = None,
     ) -> None:
         self._settings = settings
         self._client = client
+        #: Added generic accounts' replies go to a URL a tenant named: only through this
+        #: client, which refuses addresses inside (``http.GuardedHttp``). None: this process
+        #: sends none of them.
+        self._reply_client = reply_client
         self._pool = pool
         self._registry = registry
         self._environment = environment
@@ -119,7 +125,14 @@ class AccountPlatforms:
         secret = c.get("reply_secret") or (
             s.generic_reply_secret.get_secret_value() if s.generic_reply_secret else None
         )
-        return GenericPlatform(url, secret, self._client, self._limiter)
+        if not c.get("reply_url"):
+            # The environment's own URL: the operator's, not the tenant's.
+            return GenericPlatform(url, secret, self._client, self._limiter)
+        if self._reply_client is None:
+            raise Unserved(
+                f"this process sends no reply to the generic account {account.account_id}'s reply_url"
+            )
+        return GenericPlatform(url, secret, self._reply_client, self._limiter)
 
     async def aclose(self) -> None:
         for _, platform in self._built.values():

@@ -24,7 +24,7 @@ from .accounts import AccountPlatforms, AccountWriters, build_environment_platfo
 from .connections import BusinessConnections
 from .echoes import Echoes
 from .handler import Responder
-from .http import PlatformHttp
+from .http import GuardedHttp, PlatformHttp
 from .idempotency import JobStore
 from .listings import Listings
 from .platforms.base import HttpClient, Platform
@@ -69,6 +69,12 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     platform_http = parts.closing(
         "platform client", PlatformHttp(timeout, max_connections=settings.responder_concurrency * 2)
     )
+    reply_http = parts.closing(
+        "reply_url client",
+        GuardedHttp(
+            timeout, max_connections=settings.responder_concurrency, policy=settings.reply_url_policy()
+        ),
+    )
     client = parts.closing("alert client", httpx.AsyncClient(timeout=timeout))
     registry = AccountRegistry.from_settings(pool, settings)
     await registry.start()
@@ -76,7 +82,10 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     limiter = AccountRateLimiter(settings.platform_rate_per_second)
     environment = build_environment_platforms(settings, platform_http, pool, limiter)
     platforms = parts.closing(
-        "account platforms", AccountPlatforms(settings, platform_http, pool, registry, environment, limiter)
+        "account platforms",
+        AccountPlatforms(
+            settings, platform_http, pool, registry, environment, limiter, reply_client=reply_http
+        ),
     )
     metrics.create_known_series("responder", platforms.names())
     writer = parts.closing("reply writer", AccountWriters(settings, registry, build_writer(settings)))

@@ -5,6 +5,8 @@ prompt is the seller's own."""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+
 import asyncpg
 import httpx
 import pytest
@@ -22,6 +24,15 @@ pytestmark = pytest.mark.integration
 HOSTILE = "../../../v2/accounts/777/chats"
 
 
+@pytest.fixture
+async def avito(world: FakeWorld) -> AsyncIterator[AvitoPlatform]:
+    """Avito's adapter on the real client (aiohttp, whose yarl resolves dot segments)."""
+    http = PlatformHttp(httpx.Timeout(5.0), max_connections=4)
+    token = AvitoToken(world.url, "client-1", "client-secret", http)
+    yield AvitoPlatform(world.url, token, http, AccountRateLimiter(100.0))
+    await http.aclose()
+
+
 def avito_of(world: FakeWorld, http: PlatformHttp) -> AvitoPlatform:
     """Avito's adapter on the real client (aiohttp, whose yarl resolves dot segments)."""
     token = AvitoToken(world.url, "client-1", "client-secret", http)
@@ -29,22 +40,12 @@ def avito_of(world: FakeWorld, http: PlatformHttp) -> AvitoPlatform:
 
 
 async def test_an_avito_chat_id_with_dot_dot_slashes_stays_one_segment_and_reaches_no_other_endpoint(
-    world: FakeWorld,
+    world: FakeWorld, avito: AvitoPlatform
 ) -> None:
     world.add_avito_chat(ME, HOSTILE, title="Bicycle")
-    http = PlatformHttp(httpx.Timeout(5.0), max_connections=4)
-    try:
-        avito = AvitoPlatform(
-            world.url,
-            AvitoToken(world.url, "client-1", "client-secret", http),
-            http,
-            AccountRateLimiter(100.0),
-        )
-        await avito.send(ME, HOSTILE, "Yes, it is available.", key="job-1")
-        await avito.mark_read(ME, HOSTILE)
-        listing = await avito.listing(ME, HOSTILE)
-    finally:
-        await http.aclose()
+    await avito.send(ME, HOSTILE, "Yes, it is available.", key="job-1")
+    await avito.mark_read(ME, HOSTILE)
+    listing = await avito.listing(ME, HOSTILE)
     assert listing is not None and listing.title == "Bicycle"  # the chat's own, read by its id
     # The send went to the chat named by the whole id, as the send operation; nothing
     # listed the account's chats.
@@ -57,19 +58,11 @@ async def test_an_avito_chat_id_with_dot_dot_slashes_stays_one_segment_and_reach
 
 
 @pytest.mark.parametrize("chat_id", [".", ".."])
-async def test_an_avito_chat_id_that_is_a_dot_segment_is_sent_nowhere(world: FakeWorld, chat_id: str) -> None:
-    http = PlatformHttp(httpx.Timeout(5.0), max_connections=4)
-    try:
-        avito = AvitoPlatform(
-            world.url,
-            AvitoToken(world.url, "client-1", "client-secret", http),
-            http,
-            AccountRateLimiter(100.0),
-        )
-        with pytest.raises(Failure) as refused:
-            await avito.send(ME, chat_id, "hello", key="job-dot")
-    finally:
-        await http.aclose()
+async def test_an_avito_chat_id_that_is_a_dot_segment_is_sent_nowhere(
+    world: FakeWorld, avito: AvitoPlatform, chat_id: str
+) -> None:
+    with pytest.raises(Failure) as refused:
+        await avito.send(ME, chat_id, "hello", key="job-dot")
     assert refused.value.kind is Kind.PERMANENT
     assert world.avito == []
     assert world.avito_callers == []
