@@ -182,6 +182,7 @@ def build_writer(settings: Settings, account: Account | None = None) -> ReplyWri
             settings.llm_timeout_seconds,
             facts,
             o.get("prompt") or SYSTEM_PROMPT,
+            settings.prompt_bounds(),
         )
     return FactsWriter(facts)
 

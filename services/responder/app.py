@@ -29,6 +29,7 @@ from .idempotency import JobStore
 from .listings import Listings
 from .platforms.base import HttpClient, Platform
 from .ratelimit import AccountRateLimiter
+from .reply_check import ReplyCheck
 
 logger = logging.getLogger(__name__)
 
@@ -112,6 +113,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         connections=BusinessConnections(pool),
         echoes=Echoes(pool),
         echo_wait_seconds=settings.echo_wait_seconds,
+        reply_check=ReplyCheck(settings.secret_values(), registry, run_chars=settings.reply_leak_run_chars),
     )
     consumer = Consumer(
         consume_broker,
