@@ -255,7 +255,9 @@ class AvitoPlatform:
     async def send(
         self, account_id: str, chat_id: str, text: str, *, key: str, business_connection_id: str | None = None
     ) -> Sent:
-        url = f"{self._base}/messenger/v1/accounts/{segment(account_id)}/chats/{segment(chat_id)}/messages"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user, chat = segment(account_id), segment(chat_id)
+        url = f"{self._base}/messenger/v1/accounts/{user}/chats/{chat}/messages"
         response = await self._authorized(
             account_id, "POST", url, json={"message": {"text": text}, "type": "text"}
         )
@@ -272,7 +274,9 @@ class AvitoPlatform:
         """Whether Avito accepts the account: a token, and the account's chat list. Raises
         ``Failure`` (kind account: no paid Messenger plan or a blocked account; or the
         credentials) when it does not."""
-        url = f"{self._base}/messenger/v2/accounts/{segment(account_id)}/chats"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user = segment(account_id)
+        url = f"{self._base}/messenger/v2/accounts/{user}/chats"
         response = await self._authorized(account_id, "GET", url, params={"limit": 1})
         self._refused(account_id, response)
         if response.status_code == 403:
@@ -299,7 +303,9 @@ class AvitoPlatform:
         wait = window[1] - time.time()
         if wait > 0:
             raise TooEarly(wait)
-        url = f"{self._base}/messenger/v3/accounts/{segment(query.account_id)}/chats/{segment(query.chat_id)}/messages/"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user, chat = segment(query.account_id), segment(query.chat_id)
+        url = f"{self._base}/messenger/v3/accounts/{user}/chats/{chat}/messages/"
         response = await self._authorized(
             query.account_id, "GET", url, params={"limit": LIST_LIMIT, "offset": 0}
         )
@@ -344,7 +350,9 @@ class AvitoPlatform:
         stop at the first that reaches back past ``since``. Read or unread: a seller who
         opened a chat in the app has not answered it, and we mark answered chats read
         ourselves."""
-        url = f"{self._base}/messenger/v2/accounts/{segment(account_id)}/chats"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user = segment(account_id)
+        url = f"{self._base}/messenger/v2/accounts/{user}/chats"
         chats: list[dict[str, Any]] = []
         offset: int | None = 0
         while offset is not None:
@@ -373,7 +381,9 @@ class AvitoPlatform:
         (what came before it is answered) and not older than ``since`` (epoch seconds),
         oldest first; paged back until one of the two is reached. ``ours``: the ids of the
         replies we sent, which answer only what the inbox held, so they stop nothing."""
-        url = f"{self._base}/messenger/v3/accounts/{segment(account_id)}/chats/{segment(chat_id)}/messages/"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user, chat = segment(account_id), segment(chat_id)
+        url = f"{self._base}/messenger/v3/accounts/{user}/chats/{chat}/messages/"
         items: list[dict[str, Any]] = []
         offset: int | None = 0
         while offset is not None:
@@ -414,7 +424,9 @@ class AvitoPlatform:
 
     async def listing(self, account_id: str, chat_id: str) -> Listing | None:
         """The listing the chat is about (title, price, url), or None for a chat about none."""
-        url = f"{self._base}/messenger/v2/accounts/{segment(account_id)}/chats/{segment(chat_id)}"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user, chat = segment(account_id), segment(chat_id)
+        url = f"{self._base}/messenger/v2/accounts/{user}/chats/{chat}"
         # Best effort (the reply goes out without it): a refused token is the send's to refresh.
         response = await self._authorized(account_id, "GET", url, refresh=False)
         raise_for(response, _detail(response))
@@ -422,7 +434,9 @@ class AvitoPlatform:
 
     async def mark_read(self, account_id: str, chat_id: str) -> None:
         """Mark the chat read in the seller's Avito app (sending does not)."""
-        url = f"{self._base}/messenger/v1/accounts/{segment(account_id)}/chats/{segment(chat_id)}/read"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user, chat = segment(account_id), segment(chat_id)
+        url = f"{self._base}/messenger/v1/accounts/{user}/chats/{chat}/read"
         response = await self._authorized(account_id, "POST", url)
         raise_for(response, _detail(response))
 
