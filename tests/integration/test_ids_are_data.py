@@ -20,8 +20,9 @@ from tests.support.avito import ME, URL, Stack
 
 pytestmark = pytest.mark.integration
 
-#: A chat id a hostile webhook could carry: unencoded, it walks up to the account list.
-HOSTILE = "../../../v2/accounts/777/chats"
+#: A chat id a hostile webhook could carry: unencoded, the listing read walks up to another
+#: account's chat list (GET /messenger/v2/accounts/999/chats?limit=100) with this account's token.
+HOSTILE = "../../../../v2/accounts/999/chats?limit=100#"
 
 
 @pytest.fixture
