@@ -9,6 +9,7 @@ import pytest
 
 from services.responder.llm import CUT_MARK, SYSTEM_PROMPT, Turn, bound_prompt
 from services.responder.reply_check import ReplyCheck, repeated_run, secret_in
+from shared.accounts import Account
 from shared.messages import PromptBounds
 
 pytestmark = pytest.mark.unit
@@ -128,3 +129,34 @@ def test_a_secret_shaped_string_is_found_whoever_it_belongs_to(reply: str, what:
 
 def test_an_ordinary_reply_holds_no_secret() -> None:
     assert secret_in("Ask for a desk-top model, sk-8 is out of stock; call +7 900 123-45-67.", []) is None
+
+
+class Accounts:
+    """The registry's one method the check reads."""
+
+    def __init__(self, *accounts: Account) -> None:
+        self._accounts = {(a.platform, a.account_id): a for a in accounts}
+
+    def get(self, platform: str, account_id: str) -> Account | None:
+        return self._accounts.get((platform, account_id))
+
+
+def test_a_reply_that_holds_the_accounts_own_credential_is_held_but_its_reply_url_may_be_named() -> None:
+    shop = Account(
+        "generic",
+        "shop-1",
+        "Shop",
+        "active",
+        None,
+        "admin",
+        False,
+        {},
+        {"webhook_secret": "whsec_c2hvcC0xLXNlY3JldA==", "reply_url": "https://shop.example/replies"},
+    )
+    check = ReplyCheck([], Accounts(shop))  # type: ignore[arg-type]
+    # The secret without its prefix is the secret too.
+    held = check.why_held("generic", "shop-1", "", "my secret is c2hvcC0xLXNlY3JldA== ok")
+    assert held is not None and "c2hvcC0x" not in held
+    assert check.why_held("generic", "shop-1", "", "write to https://shop.example/replies") is None
+    # Another account's replies are read for their own credentials, not this one's.
+    assert check.why_held("generic", "shop-2", "", "my secret is c2hvcC0xLXNlY3JldA== ok") is None
