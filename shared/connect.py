@@ -8,6 +8,7 @@ Telegram's secret token is never read back (the platform does not show it).
 
 from __future__ import annotations
 
+import urllib.parse
 from dataclasses import dataclass
 from typing import Literal
 
@@ -48,7 +49,9 @@ class Outcome:
 
 def telegram_webhook_url(settings: Settings, account: str | None = None) -> str:
     """The environment's bot's path, or an added bot's own (``/v1/webhooks/telegram/{id}``)."""
-    return f"{settings.public_url}{TELEGRAM_WEBHOOK_PATH}" + (f"/{account}" if account else "")
+    return f"{settings.public_url}{TELEGRAM_WEBHOOK_PATH}" + (
+        f"/{urllib.parse.quote(account, safe='')}" if account else ""
+    )
 
 
 def avito_webhook_url(settings: Settings) -> str:

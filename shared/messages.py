@@ -109,6 +109,17 @@ class ReplyJob(WireModel):
 
 
 @dataclass(frozen=True)
+class PromptBounds:
+    """How much of a chat reaches the model, in characters (LLM_MAX_TURN_CHARS,
+    LLM_MAX_HISTORY_CHARS, LLM_MAX_PROMPT_CHARS): each turn (a history turn, a buyer
+    message), the history, the whole prompt (``services.responder.llm.bound_prompt``)."""
+
+    turn: int = 4000
+    history: int = 8000
+    prompt: int = 32000
+
+
+@dataclass(frozen=True)
 class JobCaps:
     """The most one reply job carries (JOB_MAX_MESSAGES, JOB_MAX_TEXT_CHARS). A window that
     grew past it while its chat waited (a slow model, a retrying job) is answered in

@@ -100,6 +100,12 @@ ACCOUNT_BACKLOG = Gauge(
     "Unfinished operations of each account with any (METRICS_ACCOUNT_LABEL only).",
     ["platform", "account"],
 )
+LLM_TOKENS = Counter(
+    "chatq_llm_tokens_total",
+    "Model tokens by platform, account (its id with METRICS_ACCOUNT_LABEL, else empty: one series a "
+    "platform) and kind (prompt, completion), as the model counted them: a seller's cost.",
+    ["platform", "account", "kind"],
+)
 RECOVERED_MESSAGES = Counter(
     "chatq_recovered_messages_total",
     "Messages a poll found that no webhook had brought, stored through the webhook's intake, by platform.",

@@ -14,7 +14,8 @@ from urllib.parse import unquote, urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
-from shared.messages import JobCaps
+from shared.messages import JobCaps, PromptBounds
+from shared.reply_url import ReplyUrlPolicy, parse_networks
 
 LOCAL_DATABASE_URL = "postgresql://postgres@127.0.0.1:5432/chatqueue"
 LOCAL_AMQP_URL = "amqp://guest:guest@127.0.0.1:5672/"
@@ -161,6 +162,11 @@ class Settings(BaseSettings):
     generic_webhook_secret: SecretStr | None = None
     generic_reply_url: str | None = None
     generic_reply_secret: SecretStr | None = None
+    # Where an added generic account's reply_url may point beyond the public internet
+    # (shared/reply_url.py): host names as written in the URL, and CIDR networks,
+    # comma-separated. Empty: public addresses only.
+    reply_url_allow_hosts: str = ""
+    reply_url_allow_networks: str = ""
 
     # Accounts as data (README "Many accounts"): the Fernet keys that encrypt the accounts'
     # credentials in Postgres, comma-separated; the first encrypts, every one decrypts. Or a
@@ -213,6 +219,15 @@ class Settings(BaseSettings):
     platform_rate_per_second: float = Field(default=20.0, gt=0)
     fold_max_rounds: int = Field(default=2, ge=0, le=10)
     history_messages: int = Field(default=12, ge=0, le=200)
+    # What reaches the model, in characters: each turn (a buyer message, a history turn),
+    # the history, the whole prompt (system prompt, history and the buyer's turn). What is
+    # cut is said in the operation's record (services/responder/llm.py bound_prompt).
+    llm_max_turn_chars: int = Field(default=4000, ge=100, le=1_000_000)
+    llm_max_history_chars: int = Field(default=8000, ge=0, le=1_000_000)
+    llm_max_prompt_chars: int = Field(default=32000, ge=1000, le=2_000_000)
+    # A reply that repeats this many characters of the seller's instructions to the model
+    # verbatim (or holds a secret) is not sent: a person reads it (services/responder/reply_check.py).
+    reply_leak_run_chars: int = Field(default=60, ge=20, le=10_000)
     review_owner: str = "on-call"
     # When the seller answers a chat in person, the bot stays out of it this long (0: it
     # withdraws its pending replies but does not step back).
@@ -315,6 +330,16 @@ class Settings(BaseSettings):
 
         parse_keys(v.get_secret_value())  # raises ValueError naming what is wrong, never the key
         return v
+
+    @field_validator("reply_url_allow_networks")
+    @classmethod
+    def _reply_url_networks_are_networks(cls, v: str) -> str:
+        parse_networks(v)  # raises ValueError naming the one that is not
+        return v
+
+    def reply_url_policy(self) -> ReplyUrlPolicy:
+        """Where an added generic account's reply_url may point (shared/reply_url.py)."""
+        return ReplyUrlPolicy.of(self.reply_url_allow_hosts, self.reply_url_allow_networks)
 
     @field_validator("telegram_chat_types")
     @classmethod
@@ -526,6 +551,9 @@ class Settings(BaseSettings):
     def telegram_chat_type_set(self) -> frozenset[str]:
         """TELEGRAM_CHAT_TYPES as a set of Chat.type values."""
         return frozenset(self.telegram_chat_types.split(","))
+
+    def prompt_bounds(self) -> PromptBounds:
+        return PromptBounds(self.llm_max_turn_chars, self.llm_max_history_chars, self.llm_max_prompt_chars)
 
     def job_caps(self) -> JobCaps:
         return JobCaps(messages=self.job_max_messages, chars=self.job_max_text_chars)

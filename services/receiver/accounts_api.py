@@ -19,6 +19,7 @@ from shared.accounts import CREDENTIALS, OVERRIDES, REQUIRED, AccountRegistry, p
 from shared.connect import ConnectError, connect_avito, connect_telegram
 from shared.credentials import credential_problems
 from shared.db import one
+from shared.reply_url import ReplyUrlRefused
 from shared.secretbox import SecretsUnavailable
 from shared.settings import Settings
 
@@ -144,6 +145,16 @@ def _check_credentials(platform: str, account_id: str, credentials: dict[str, st
         raise ApiError(422, "invalid_credentials", "; ".join(problems))
 
 
+async def _check_reply_url(settings: Settings, url: str) -> None:
+    """A reply_url must not reach inside the deployment (shared/reply_url.py): its host, or
+    every address it resolves to now, is on the public internet, or the operator allows it.
+    The responder checks again at every send (a name may resolve elsewhere later)."""
+    try:
+        await settings.reply_url_policy().check(url)
+    except ReplyUrlRefused as refused:
+        raise ApiError(422, "invalid_reply_url", f"reply_url is refused: {refused.reason}") from None
+
+
 def _is_environments_path(request: Request, secret: str) -> bool:
     """Whether an Avito path secret is CHATQ_AVITO_WEBHOOK_SECRET: two accounts on one path
     would take every delivery of the environment's for the added one's (and refuse it)."""
@@ -216,6 +227,8 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
         if body.platform in ("telegram", "avito") and not credentials.get("webhook_secret"):
             credentials["webhook_secret"] = secrets.token_urlsafe(24)
         _check_credentials(body.platform, body.account_id, credentials)
+        if body.platform == "generic" and credentials.get("reply_url"):
+            await _check_reply_url(request.app.state.settings, credentials["reply_url"])
         if body.platform == "avito" and _is_environments_path(request, credentials["webhook_secret"]):
             raise ApiError(
                 409, "webhook_secret_taken", "the environment's Avito account has this webhook secret"

@@ -300,8 +300,8 @@ class AvitoRecovery:
         # Oldest first: a round cut short has read what waited longest.
         for chat in sorted(chats, key=lambda c: c["updated"] if _is_time(c.get("updated")) else 0):
             chat_id, updated = chat.get("id"), chat.get("updated")
-            if not isinstance(chat_id, str) or not chat_id:
-                continue
+            if not isinstance(chat_id, str) or chat_id in ("", ".", ".."):
+                continue  # no chat (a dot segment is a path, never an id: platforms.base.segment)
             if _is_time(updated) and chat_id in read and read[chat_id] >= updated:
                 continue  # nothing new since its messages were read
             try:

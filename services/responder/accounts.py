@@ -62,9 +62,15 @@ class AccountPlatforms:
         registry: AccountRegistry | None,
         environment: Mapping[str, Platform],
         limiter: AccountRateLimiter,
+        *,
+        reply_client: HttpClient | None = None,
     ) -> None:
         self._settings = settings
         self._client = client
+        #: Added generic accounts' replies go to a URL a tenant named: only through this
+        #: client, which refuses addresses inside (``http.GuardedHttp``). None: this process
+        #: sends none of them.
+        self._reply_client = reply_client
         self._pool = pool
         self._registry = registry
         self._environment = environment
@@ -134,8 +140,14 @@ class AccountPlatforms:
         # Only where the account says, signed with its own secret (for_account checked both
         # are there): never CHATQ_GENERIC_REPLY_URL or CHATQ_GENERIC_REPLY_SECRET, or the
         # account could replay a reply's genuine signature into the environment's endpoint.
+        # Through the client that checks every address it connects to (reply_url may not
+        # reach inside, DNS rebinding included).
         url, secret = c["reply_url"], c["reply_secret"]
-        return GenericPlatform(url, secret, self._client, self._limiter)
+        if self._reply_client is None:
+            raise Unserved(
+                f"this process sends no reply to the generic account {account.account_id}'s reply_url"
+            )
+        return GenericPlatform(url, secret, self._reply_client, self._limiter)
 
     async def aclose(self) -> None:
         for _, platform in self._built.values():
@@ -190,6 +202,7 @@ def build_writer(settings: Settings, account: Account | None = None) -> ReplyWri
             settings.llm_timeout_seconds,
             facts,
             o.get("prompt") or SYSTEM_PROMPT,
+            settings.prompt_bounds(),
         )
     return FactsWriter(facts)
 

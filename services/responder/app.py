@@ -24,11 +24,12 @@ from .accounts import AccountPlatforms, AccountWriters, build_environment_platfo
 from .connections import BusinessConnections
 from .echoes import Echoes
 from .handler import Responder
-from .http import PlatformHttp
+from .http import GuardedHttp, PlatformHttp
 from .idempotency import JobStore
 from .listings import Listings
 from .platforms.base import HttpClient, Platform
 from .ratelimit import AccountRateLimiter
+from .reply_check import ReplyCheck
 
 logger = logging.getLogger(__name__)
 
@@ -69,6 +70,12 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     platform_http = parts.closing(
         "platform client", PlatformHttp(timeout, max_connections=settings.responder_concurrency * 2)
     )
+    reply_http = parts.closing(
+        "reply_url client",
+        GuardedHttp(
+            timeout, max_connections=settings.responder_concurrency, policy=settings.reply_url_policy()
+        ),
+    )
     client = parts.closing("alert client", httpx.AsyncClient(timeout=timeout))
     registry = AccountRegistry.from_settings(pool, settings)
     await registry.start()
@@ -79,7 +86,10 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     limiter = AccountRateLimiter(settings.platform_rate_per_second)
     environment = build_environment_platforms(settings, platform_http, pool, limiter, registry.box)
     platforms = parts.closing(
-        "account platforms", AccountPlatforms(settings, platform_http, pool, registry, environment, limiter)
+        "account platforms",
+        AccountPlatforms(
+            settings, platform_http, pool, registry, environment, limiter, reply_client=reply_http
+        ),
     )
     metrics.create_known_series("responder", platforms.names())
     writer = parts.closing("reply writer", AccountWriters(settings, registry, build_writer(settings)))
@@ -106,6 +116,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         connections=BusinessConnections(pool),
         echoes=Echoes(pool),
         echo_wait_seconds=settings.echo_wait_seconds,
+        reply_check=ReplyCheck(settings.secret_values(), registry, run_chars=settings.reply_leak_run_chars),
     )
     consumer = Consumer(
         consume_broker,

@@ -34,10 +34,11 @@ from .echoes import CLOCK_SKEW_SECONDS, Echoes
 from .failures import Failure, Kind
 from .idempotency import AccountStopped, Job, JobBusy, JobWithdrawn, Part, Reconcile, Skip
 from .listings import Listings
-from .llm import ReplyWriter, Turn
+from .llm import ReplyWriter, Turn, Writing
 from .parts import split_reply
 from .platforms.base import Attempts, Listing, Platform, Sent, SentQuery, TooEarly, chat_manners
 from .platforms.telegram import TelegramPlatform
+from .reply_check import ReplyCheck
 from .stores import JobSession, JobStorage
 
 logger = logging.getLogger(__name__)
@@ -52,6 +53,14 @@ ACCOUNTS_PAUSED = Counter(
     "Platform accounts paused because the platform refused them, by platform.",
     ["platform"],
 )
+
+
+class Held(Exception):
+    """The written reply must not be sent (``reply_check``): a person reads why."""
+
+    def __init__(self, reason: str) -> None:
+        super().__init__(reason)
+        self.reason = reason
 
 
 def is_command(text: str) -> bool:
@@ -89,8 +98,10 @@ class Responder:
         connections: BusinessConnections | None = None,
         echoes: Echoes | None = None,
         echo_wait_seconds: float = 30.0,
+        reply_check: ReplyCheck | None = None,
     ) -> None:
         self._account_metrics = account_metrics
+        self._check = reply_check
         self._store = store
         # Each account's own adapter and writer (services/responder/accounts.py); a plain
         # mapping or writer serves every account alike.
@@ -193,6 +204,10 @@ class Responder:
             except Failure as failure:
                 await self._failed(db, job, failure, stage="model")
                 return
+            except Held as held:
+                # Nothing was sent, nor its intent recorded: a person reads why.
+                await self._give_up(db, job.job_id, "review", held.reason)
+                raise Reject(held.reason) from None
         else:
             await db.before_send(job, text, attempt, fold=False)
         parts = split_reply(text, platform.max_text)
@@ -252,7 +267,7 @@ class Responder:
         """Write the reply; fold in messages that arrived meanwhile and write again (at most
         fold_max_rounds times); return with the delivery intent recorded."""
         listing = await self._listing(job)
-        text = await self._write(job, listing)
+        text = await self._write(db, job, listing)
         fault_point("responder.after_generate")
         for round_ in range(self._fold_max_rounds + 1):
             folded = await db.before_send(job, text, attempt, fold=round_ < self._fold_max_rounds)
@@ -265,7 +280,7 @@ class Responder:
                 extra={"job_id": job.job_id, "chat": job.chat_key, "attempt": attempt},
             )
             job = folded
-            text = await self._write(job, listing)
+            text = await self._write(db, job, listing)
         return job, text
 
     async def _listing(self, job: Job) -> Listing | None:
@@ -274,15 +289,35 @@ class Responder:
             return None
         return await self._listings.of(job.platform, job.account_id, job.chat_id, job.chat_key)
 
-    async def _write(self, job: Job, listing: Listing | None) -> str:
+    async def _write(self, db: JobSession, job: Job, listing: Listing | None) -> str:
         """The reply's text: the greeting for a job of bot commands only, without a model
         call; else the writer's. Either way the reply takes the same path to the chat (a
-        reply longer than the platform takes goes out in parts)."""
+        reply longer than the platform takes goes out in parts). What the writer cut from
+        the prompt goes on the job's record; the tokens it spent count for the account."""
         history, batch = for_the_writer(job)
         if not batch:
             return self._greeting
         writer = self._writers.for_account(job.platform, job.account_id) if self._writers else self._writer
-        return await writer.write(history, batch, listing)
+        writing = Writing()
+        try:
+            text = await writer.write(history, batch, listing, writing)
+            if self._check is not None:
+                why = self._check.why_held(job.platform, job.account_id, writer.instructions(), text)
+                if why is not None:
+                    raise Held(why)
+            return text
+        finally:
+            account = job.account_id if self._account_metrics else ""
+            for kind, tokens in (
+                ("prompt", writing.prompt_tokens),
+                ("completion", writing.completion_tokens),
+            ):
+                if tokens:
+                    metrics.LLM_TOKENS.labels(platform=job.platform, account=account, kind=kind).inc(tokens)
+            if writing.cuts:
+                await db.record_cut(
+                    job.job_id, "the model was given less of the chat: " + "; ".join(writing.cuts)
+                )
 
     async def _mark_read(self, job: Job, platform: Platform) -> None:
         """Mark the answered chat read in the seller's app (Avito), best effort: the reply

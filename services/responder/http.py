@@ -16,12 +16,18 @@ request was sent: unknown). Transport errors are classified by
 from __future__ import annotations
 
 import json as jsonlib
+import socket
 from collections.abc import Mapping
 from typing import Any
 
 import aiohttp
 import httpx
+from aiohttp.abc import AbstractResolver, ResolveResult
 from multidict import CIMultiDictProxy
+
+from shared.reply_url import ReplyUrlPolicy, ReplyUrlRefused
+
+from .failures import Failure, Kind
 
 
 class Reply:
@@ -59,12 +65,15 @@ class PlatformHttp:
         self._max_connections = max_connections
         self._session: aiohttp.ClientSession | None = None
 
+    def _connector(self) -> aiohttp.TCPConnector:
+        return aiohttp.TCPConnector(limit=self._max_connections)
+
     def _open(self) -> aiohttp.ClientSession:
         # Made on first use, inside the running loop.
         if self._session is None or self._session.closed:
             self._session = aiohttp.ClientSession(
                 timeout=self._timeout,
-                connector=aiohttp.TCPConnector(limit=self._max_connections),
+                connector=self._connector(),
                 # Platform responses are JSON read by the adapters; no cookies between calls.
                 cookie_jar=aiohttp.DummyCookieJar(),
                 raise_for_status=False,
@@ -97,3 +106,63 @@ class PlatformHttp:
     async def aclose(self) -> None:
         if self._session is not None:
             await self._session.close()
+
+
+class CheckingResolver(AbstractResolver):
+    """Resolves as aiohttp does, then hands the connector only addresses the policy allows:
+    the connection goes to the address that was checked (with the URL's host name as Host
+    and TLS server name), so a name that resolves inside at connect time (DNS rebinding)
+    is refused, not reached."""
+
+    def __init__(self, policy: ReplyUrlPolicy, inner: AbstractResolver | None = None) -> None:
+        self._policy = policy
+        self._resolver = inner or aiohttp.DefaultResolver()
+
+    async def resolve(
+        self, host: str, port: int = 0, family: socket.AddressFamily = socket.AF_INET
+    ) -> list[ResolveResult]:
+        found = await self._resolver.resolve(host, port, family)
+        if not self._policy.host_allowed(host):
+            self._policy.check_addresses(host, [r["host"] for r in found])
+        return found
+
+    async def close(self) -> None:
+        await self._resolver.close()
+
+
+class GuardedHttp(PlatformHttp):
+    """The client of added generic accounts' replies (their reply_url is a tenant's):
+    every request goes only where ``ReplyUrlPolicy`` allows, checked when it is sent. A
+    refused URL is the account's failure (it waits, paused, until its reply_url changes),
+    with the reason; nothing is sent."""
+
+    def __init__(
+        self,
+        timeout: httpx.Timeout,
+        *,
+        max_connections: int,
+        policy: ReplyUrlPolicy,
+        resolver: AbstractResolver | None = None,
+    ) -> None:
+        super().__init__(timeout, max_connections=max_connections)
+        self._policy = policy
+        self._resolver = resolver  # the system's (aiohttp's default) unless a test gives its own
+
+    def _connector(self) -> aiohttp.TCPConnector:
+        return aiohttp.TCPConnector(
+            limit=self._max_connections, resolver=CheckingResolver(self._policy, self._resolver)
+        )
+
+    async def request(self, method: str, url: str, **kwargs: Any) -> Reply:
+        try:
+            # The URL's form and an address as written (which never reaches a resolver)
+            # are checked here; a name's addresses by the connector's CheckingResolver.
+            await self._policy.check(url, resolver=_at_connect)
+            return await super().request(method, url, **kwargs)
+        except ReplyUrlRefused as refused:
+            raise Failure(Kind.ACCOUNT, f"the account's reply_url is refused: {refused.reason}") from None
+
+
+async def _at_connect(host: str, port: int) -> list[str]:
+    """A name is resolved (and checked) by the connector's CheckingResolver, at connect."""
+    return []

@@ -587,6 +587,15 @@ class PgJobSession:
             )
         )
 
+    async def record_cut(self, job_id: uuid.UUID, detail: str) -> None:
+        await self._run(
+            lambda conn: conn.execute(
+                "SELECT chatq_log(operation_ids, 'prompt_cut', $2, id) FROM reply_jobs WHERE id = $1",
+                job_id,
+                detail[:500],
+            )
+        )
+
     async def record_retry(self, job_id: uuid.UUID, kind: str, reason: str) -> None:
         """Back to pending until the retry tier hands it back; the chat stays blocked. The
         attempt's outcome goes on the record of each of the job's messages (a wait for a

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Protocol
 
 from shared import metrics
+from shared.messages import PromptBounds
 
 from .failures import Failure, Kind, classify_llm
 from .platforms.base import Listing
@@ -24,11 +25,78 @@ class Turn:
     text: str
 
 
+@dataclass
+class Writing:
+    """What one write did beyond its text, for the job's record and the account's cost:
+    what was cut from the prompt to keep it within bounds, and the model's token counts."""
+
+    cuts: list[str] = field(default_factory=list)
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+
+
+#: Where a text was cut short (the model sees that it was).
+CUT_MARK = " […]"
+
+
+def _cut(text: str, chars: int, *, keep_end: bool = False) -> str:
+    if len(text) <= chars:
+        return text
+    room = max(chars - len(CUT_MARK), 0)
+    return CUT_MARK.strip() + " " + text[len(text) - room :] if keep_end else text[:room] + CUT_MARK
+
+
+def bound_prompt(
+    system: str, history: Sequence[Turn], batch: Sequence[str], bounds: PromptBounds
+) -> tuple[str, list[Turn], str, list[str]]:
+    """The system prompt, history and buyer's turn cut to ``bounds``, and what was cut, in
+    words: each turn (history turns and buyer messages, their beginning kept) to
+    ``bounds.turn``; the history to its newest turns within ``bounds.history``; then the
+    whole prompt to ``bounds.prompt``: the buyer's turn to half of it at most (its end
+    kept: the latest messages), the system prompt (instructions, facts, listing) to what
+    is left beside it, and the oldest history turns dropped until it fits."""
+    cuts: list[str] = []
+    long_turns = sum(1 for t in history if len(t.text) > bounds.turn) + sum(
+        1 for m in batch if len(m) > bounds.turn
+    )
+    if long_turns:
+        cuts.append(f"{long_turns} message(s) longer than {bounds.turn} characters cut to that")
+    turns = [Turn(t.role, _cut(t.text, bounds.turn)) for t in history]
+    joined = "\n".join(_cut(m, bounds.turn) for m in batch)
+    said = _cut(joined, bounds.prompt // 2, keep_end=True)
+    if len(said) < len(joined):
+        cuts.append(f"the buyer's messages cut to their last {bounds.prompt // 2} characters")
+    room = bounds.prompt - len(said)
+    if len(system) > room:
+        cuts.append(f"the seller's instructions and facts cut from {len(system)} to {room} characters")
+        system = _cut(system, room)
+    kept: list[Turn] = []
+    total = 0
+    for turn in reversed(turns):
+        total += len(turn.text)
+        if total > bounds.history or total + len(system) + len(said) > bounds.prompt:
+            break
+        kept.append(turn)
+    if len(kept) < len(turns):
+        cuts.append(f"{len(turns) - len(kept)} older turn(s) of the chat left out")
+    return system, kept[::-1], said, cuts
+
+
 class ReplyWriter(Protocol):
     async def write(
-        self, history: Sequence[Turn], batch: Sequence[str], listing: Listing | None = None
+        self,
+        history: Sequence[Turn],
+        batch: Sequence[str],
+        listing: Listing | None = None,
+        writing: Writing | None = None,
     ) -> str:
-        """The reply to ``batch`` (the buyer's messages), after ``history``, about ``listing``."""
+        """The reply to ``batch`` (the buyer's messages), after ``history``, about ``listing``;
+        what was cut and counted goes in ``writing``."""
+        ...
+
+    def instructions(self) -> str:
+        """The seller's instructions to the model: the system prompt without the facts
+        meant for buyers (a reply must not repeat them, ``reply_check``)."""
         ...
 
     async def aclose(self) -> None: ...
@@ -73,6 +141,7 @@ class OpenAIWriter:
         timeout: float,
         facts: str,
         prompt: str = SYSTEM_PROMPT,
+        bounds: PromptBounds | None = None,
     ) -> None:
         import openai  # here: half a second of imports a process without a model never needs
 
@@ -80,20 +149,31 @@ class OpenAIWriter:
             base_url=base_url, api_key=api_key or "not-needed", timeout=timeout, max_retries=0
         )
         self._model = model
+        self._bounds = bounds or PromptBounds()
+        self._instructions = prompt
         # An account's own prompt names where its facts go with {facts}, or gets them after it.
         facts = facts or "(none given)"
         self._system = (
             prompt.replace("{facts}", facts) if "{facts}" in prompt else f"{prompt}\n\nFacts:\n{facts}"
         )
 
+    def instructions(self) -> str:
+        return self._instructions
+
     async def write(
-        self, history: Sequence[Turn], batch: Sequence[str], listing: Listing | None = None
+        self,
+        history: Sequence[Turn],
+        batch: Sequence[str],
+        listing: Listing | None = None,
+        writing: Writing | None = None,
     ) -> str:
+        writing = writing if writing is not None else Writing()
         system = self._system + (LISTING_PROMPT.format(listing=listing_text(listing)) if listing else "")
+        system, turns, said, writing.cuts = bound_prompt(system, history, batch, self._bounds)
         messages: list[dict[str, str]] = [{"role": "system", "content": system}]
-        for turn in history:
+        for turn in turns:
             messages.append({"role": "user" if turn.role == "buyer" else "assistant", "content": turn.text})
-        messages.append({"role": "user", "content": "\n".join(batch)})
+        messages.append({"role": "user", "content": said})
         started = time.perf_counter()
         try:
             response = await self._client.chat.completions.create(
@@ -107,6 +187,9 @@ class OpenAIWriter:
             metrics.LLM_SECONDS.labels(outcome=failure.kind.value).observe(time.perf_counter() - started)
             raise failure from None
         metrics.LLM_SECONDS.labels(outcome="ok").observe(time.perf_counter() - started)
+        if response.usage is not None:
+            writing.prompt_tokens = response.usage.prompt_tokens
+            writing.completion_tokens = response.usage.completion_tokens
         text = (response.choices[0].message.content or "").strip() if response.choices else ""
         if not text:
             raise Failure(Kind.TRANSIENT, "the model returned an empty reply")
@@ -231,8 +314,15 @@ class FactsWriter:
     def __init__(self, facts_text: str) -> None:
         self._books = parse_facts(facts_text)
 
+    def instructions(self) -> str:
+        return ""  # it follows no instructions: every word it says is the facts' or its own
+
     async def write(
-        self, history: Sequence[Turn], batch: Sequence[str], listing: Listing | None = None
+        self,
+        history: Sequence[Turn],
+        batch: Sequence[str],
+        listing: Listing | None = None,
+        writing: Writing | None = None,
     ) -> str:
         started = time.perf_counter()
         language = buyer_language(batch)

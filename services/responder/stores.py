@@ -55,6 +55,11 @@ class JobSession(Protocol):
 
     async def give_up(self, job_id: uuid.UUID, kind: str, reason: str, owner: str) -> Settled: ...
 
+    async def record_cut(self, job_id: uuid.UUID, detail: str) -> None:
+        """On the record of each of the job's messages: what of the chat the model was not
+        given (``llm.bound_prompt``)."""
+        ...
+
 
 class JobStorage(Protocol):
     """Where jobs are held and settled from outside a handling (the consumer's hooks,

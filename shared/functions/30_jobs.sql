@@ -1,4 +1,4 @@
--- chatq:release 3 sha256:44a6c8f2ec637dd0
+-- chatq:release 4 sha256:a2f4082205e98cce
 -- The reply job aggregate: claim, before send, record, give up. Each is one statement, so
 -- one round trip and one transaction; a reply costs three (claim, before send, record).
 --
@@ -902,7 +902,9 @@ $$;
 -- flight. When any send of it may have reached the platform (delivery 'sending' or
 -- 'unknown' now, or maybe_sent from an earlier attempt) the job and its messages go to a person (needs_review) and keep their claim
 -- on the messages, so a retry cannot answer them twice; otherwise they fail, and give the
--- messages back for a person's retry. The reason and the owner are kept either way.
+-- messages back for a person's retry. p_kind 'review': a reply written and held back
+-- before any send (needs_review too, with the claim kept). The reason and the owner are
+-- kept either way.
 --   busy          another session holds the job: its holder decides, nothing changes
 --   final         the job is already final (or missing): nothing changes
 --   failed | needs_review   what the job and its unfinished operations became
@@ -914,6 +916,7 @@ DECLARE
     j record;
     v uuid;
     target text;
+    ekind text;
     why text;
     changed uuid[] := '{}';
 BEGIN
@@ -941,13 +944,21 @@ BEGIN
     END IF;
     IF chatq_delivery_may_have_sent(j.d_status, j.d_maybe) THEN
         target := 'needs_review';
+        ekind := 'unknown';
         why := p_reason || '; the last send may have reached the chat: check it, then resolve, or retry with a confirmed re-send';
+    ELSIF p_kind = 'review' THEN
+        -- A written reply held back before any send for a person to read (the responder's
+        -- check of the model's answer): the messages keep their claim, nothing went out.
+        target := 'needs_review';
+        ekind := 'permanent';
+        why := p_reason || '; nothing was sent: answer the buyer in person, then resolve (or retry to write it again)';
     ELSE
         target := 'failed';
+        ekind := p_kind;
         why := p_reason;
         DELETE FROM reply_coverage rc WHERE rc.job_id = p_job;
     END IF;
-    UPDATE reply_jobs r SET status = target, error_kind = CASE WHEN target = 'needs_review' THEN 'unknown' ELSE p_kind END,
+    UPDATE reply_jobs r SET status = target, error_kind = ekind,
            error_message = left(why, 500), owner = p_owner, updated_at = now()
     WHERE r.id = p_job;
     FOREACH v IN ARRAY j.ops LOOP

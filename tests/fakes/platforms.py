@@ -253,6 +253,7 @@ class FakeWorld:
         unread: bool = True,
         chat_type: str = "u2i",
         updated: int | None = None,
+        owner: str | int | None = None,
     ) -> None:
         now = int(time.time()) if updated is None else updated
         self.avito_chats[(str(user_id), chat_id)] = {
@@ -263,6 +264,8 @@ class FakeWorld:
                 "type": "item",
                 "value": {
                     "id": 42,
+                    # The listing's author: the account's own listing unless a test says.
+                    "user_id": int(user_id if owner is None else owner),
                     "title": title,
                     "price_string": price,
                     "url": f"https://www.avito.ru/moskva/velosipedy/{chat_id}",
@@ -911,7 +914,12 @@ def _avito_routes(app: FastAPI, world: FakeWorld) -> None:
 
     async def avito(request: Request) -> Response:
         body = await request.body()
-        check = spec.check_request(request.method, request.url.path, request.url.query, request.headers, body)
+        # The path as sent, not as Starlette decodes it: an id with an encoded "/" in it is
+        # one segment, as Avito's router reads it.
+        raw_path = request.scope.get("raw_path") or request.url.path.encode()
+        check = spec.check_request(
+            request.method, raw_path.decode("latin-1"), request.url.query, request.headers, body
+        )
         op = check.operation
         world.platform_calls.append(
             PlatformCall("avito", op.operation_id if op else None, op is not None and not check.problems)

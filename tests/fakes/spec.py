@@ -28,7 +28,7 @@ from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs
+from urllib.parse import parse_qs, unquote
 
 from jsonschema import Draft7Validator
 
@@ -296,7 +296,8 @@ class OpenApiSpec:
             if found and op.template != found[0].template:
                 break
             names = re.findall(r"\{([^/]+?)\}", op.template)
-            values = dict(zip(names, m.groups(), strict=True))
+            # Each parameter is one segment of the path as sent (%2F stays in it), decoded.
+            values = {n: unquote(v) for n, v in zip(names, m.groups(), strict=True)}
             found.append(op)
         return found, values
 

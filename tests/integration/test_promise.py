@@ -237,8 +237,13 @@ async def publish_job(amqp_url: str, message_id: str, body: bytes = b"{}", **hea
 class BrokenWriter:
     """A reply writer with a bug: raises something no failure class covers."""
 
-    async def write(self, history: Sequence[Turn], batch: Sequence[str], listing: object = None) -> str:
+    async def write(
+        self, history: Sequence[Turn], batch: Sequence[str], listing: object = None, writing: object = None
+    ) -> str:
         raise ZeroDivisionError("a bug in the reply logic")
+
+    def instructions(self) -> str:
+        return ""
 
     async def aclose(self) -> None:
         return None

@@ -38,6 +38,9 @@ def pipeline_settings(settings: Settings, world: FakeWorld, **overrides: object)
         "avito_api_base": world.url,
         "generic_reply_url": f"{world.url}/generic/replies",
         "generic_reply_secret": GENERIC_SECRET,
+        # The fakes listen on 127.0.0.1: an added generic account's reply_url may name them
+        # (loopback is refused otherwise; tests of that refusal set this to "").
+        "reply_url_allow_hosts": "127.0.0.1",
         "alert_webhook_url": f"{world.url}/alerts",
         "alert_webhook_secret": GENERIC_SECRET,
         "platform_timeout_seconds": 1.0,

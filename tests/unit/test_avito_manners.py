@@ -9,6 +9,7 @@ from pathlib import Path
 import pytest
 
 from services.receiver.webhooks.avito import message_intake
+from services.responder.failures import Failure, Kind
 from services.responder.llm import (
     DEFAULT_FACTS,
     FactsWriter,
@@ -18,7 +19,7 @@ from services.responder.llm import (
     parse_facts,
 )
 from services.responder.platforms.avito import listing_of, message_list, next_offset, since_last_answer
-from services.responder.platforms.base import Listing
+from services.responder.platforms.base import Listing, segment
 
 pytestmark = pytest.mark.unit
 
@@ -103,17 +104,28 @@ def test_the_listing_is_read_from_the_chats_item_context() -> None:
             "type": "item",
             "value": {
                 "id": 1,
+                "user_id": 141906442,
                 "title": "Mazda 3 2008",
                 "price_string": "300 000 ₽",
                 "url": "https://avito.ru/x",
             },
         },
     }
-    assert listing_of(chat) == Listing("Mazda 3 2008", "300 000 ₽", "https://avito.ru/x")
+    assert listing_of(chat, "141906442") == Listing("Mazda 3 2008", "300 000 ₽", "https://avito.ru/x")
     assert listing_text(Listing("Mazda 3 2008", "300 000 ₽", "https://avito.ru/x")) == (
         "“Mazda 3 2008”, 300 000 ₽, https://avito.ru/x"
     )
     assert listing_text(Listing("Mazda 3 2008")) == "“Mazda 3 2008”"
+
+
+@pytest.mark.parametrize("author", [555, "555", None, True])
+def test_a_listing_that_is_not_the_sellers_own_is_not_given_to_the_writer(author: object) -> None:
+    # The account asked about another seller's listing (or the chat names no author): the
+    # writer, speaking for this seller, is told nothing about it.
+    value = {"id": 1, "title": "Someone else's car", "price_string": "1 ₽", "url": "https://avito.ru/y"}
+    if author is not None:
+        value["user_id"] = author
+    assert listing_of({"context": {"type": "item", "value": value}}, "141906442") is None
 
 
 @pytest.mark.parametrize(
@@ -127,7 +139,7 @@ def test_the_listing_is_read_from_the_chats_item_context() -> None:
     ],
 )
 def test_a_chat_about_no_listing_has_none(chat: object) -> None:
-    assert listing_of(chat) is None
+    assert listing_of(chat, "141906442") is None
 
 
 def test_a_placeholder_of_ours_does_not_make_a_russian_buyer_english() -> None:
@@ -235,3 +247,25 @@ async def test_a_fact_answers_when_any_of_its_keywords_starts_a_word_taken_liter
     assert "We ship daily." not in await writer.write([], ["relationship?"]), "not inside a word"
     assert "Literal keys." in await writer.write([], ["is c++ ok"])
     assert "Literal keys." not in await writer.write([], ["axb", "c+"]), "keywords are not patterns"
+
+
+@pytest.mark.parametrize(
+    ("chat_id", "sent_as"),
+    [
+        ("../../../core/v1/accounts/self", "..%2F..%2F..%2Fcore%2Fv1%2Faccounts%2Fself"),
+        ("u2i-a/b?x=1#y", "u2i-a%2Fb%3Fx%3D1%23y"),
+        ("u2i-%2E%2E", "u2i-%252E%252E"),
+        ("u2i-Ok_1", "u2i-Ok_1"),
+    ],
+)
+def test_a_platform_id_goes_into_a_url_as_one_percent_encoded_segment(chat_id: str, sent_as: str) -> None:
+    assert segment(chat_id) == sent_as
+    assert "/" not in segment(chat_id)
+
+
+@pytest.mark.parametrize("chat_id", ["", ".", ".."])
+def test_an_id_that_would_be_a_dot_segment_or_nothing_is_refused_for_good(chat_id: str) -> None:
+    # yarl (under aiohttp) decodes %2E and resolves dot segments: no encoding keeps them ids.
+    with pytest.raises(Failure) as refused:
+        segment(chat_id)
+    assert refused.value.kind is Kind.PERMANENT

@@ -66,12 +66,19 @@ class Writer:
         self.before: list[Any] = []
 
     async def write(
-        self, history: Sequence[Turn], batch: Sequence[str], listing: Listing | None = None
+        self,
+        history: Sequence[Turn],
+        batch: Sequence[str],
+        listing: Listing | None = None,
+        writing: object = None,
     ) -> str:
         if self.before:
             self.before.pop(0)()
         self.batches.append(list(batch))
         return "re: " + " / ".join(batch)
+
+    def instructions(self) -> str:
+        return ""
 
     async def aclose(self) -> None:
         return None

@@ -30,6 +30,10 @@ def status_text(status: str, reason: str | None, replied_at: datetime | None = N
     if status == "ignored" and reason and reason.startswith("dismissed by "):
         # A person's decision, not a message that was never for the bot.
         return reason
+    if status == "needs_review" and reason and reason.startswith("held for a person"):
+        # A written reply held back before any send (services/responder/reply_check.py):
+        # nothing is unknown about it.
+        return reason
     if status == "needs_review":
         return (
             f"{STATUS_TEXT[status]}: {reason}"
@@ -331,6 +335,7 @@ EVENT_WORDS = {
     "emitted": "in a reply job",
     "attempt": "attempt to reply",
     "folded": "joined the reply being written",
+    "prompt_cut": "the model was given less of the chat",
     "part_sent": "part of the reply sent",
     "replied": "reply sent",
     "answered_by_seller": "answered by the seller",

@@ -37,6 +37,7 @@ from .base import (
     raise_for,
     rate_limit_spent,
     retry_after_of,
+    segment,
 )
 
 logger = logging.getLogger(__name__)
@@ -308,7 +309,9 @@ class AvitoPlatform:
     async def send(
         self, account_id: str, chat_id: str, text: str, *, key: str, business_connection_id: str | None = None
     ) -> Sent:
-        url = f"{self._base}/messenger/v1/accounts/{account_id}/chats/{chat_id}/messages"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user, chat = segment(account_id), segment(chat_id)
+        url = f"{self._base}/messenger/v1/accounts/{user}/chats/{chat}/messages"
         response = await self._authorized(
             account_id, "POST", url, json={"message": {"text": text}, "type": "text"}
         )
@@ -325,7 +328,9 @@ class AvitoPlatform:
         """Whether Avito accepts the account: a token, and the account's chat list. Raises
         ``Failure`` (kind account: no paid Messenger plan or a blocked account; or the
         credentials) when it does not."""
-        url = f"{self._base}/messenger/v2/accounts/{account_id}/chats"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user = segment(account_id)
+        url = f"{self._base}/messenger/v2/accounts/{user}/chats"
         response = await self._authorized(account_id, "GET", url, params={"limit": 1})
         self._refused(account_id, response)
         if response.status_code == 403:
@@ -352,7 +357,9 @@ class AvitoPlatform:
         wait = window[1] - time.time()
         if wait > 0:
             raise TooEarly(wait)
-        url = f"{self._base}/messenger/v3/accounts/{query.account_id}/chats/{query.chat_id}/messages/"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user, chat = segment(query.account_id), segment(query.chat_id)
+        url = f"{self._base}/messenger/v3/accounts/{user}/chats/{chat}/messages/"
         response = await self._authorized(
             query.account_id, "GET", url, params={"limit": LIST_LIMIT, "offset": 0}
         )
@@ -397,7 +404,9 @@ class AvitoPlatform:
         stop at the first that reaches back past ``since``. Read or unread: a seller who
         opened a chat in the app has not answered it, and we mark answered chats read
         ourselves."""
-        url = f"{self._base}/messenger/v2/accounts/{account_id}/chats"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user = segment(account_id)
+        url = f"{self._base}/messenger/v2/accounts/{user}/chats"
         chats: list[dict[str, Any]] = []
         offset: int | None = 0
         while offset is not None:
@@ -426,7 +435,9 @@ class AvitoPlatform:
         (what came before it is answered) and not older than ``since`` (epoch seconds),
         oldest first; paged back until one of the two is reached. ``ours``: the ids of the
         replies we sent, which answer only what the inbox held, so they stop nothing."""
-        url = f"{self._base}/messenger/v3/accounts/{account_id}/chats/{chat_id}/messages/"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user, chat = segment(account_id), segment(chat_id)
+        url = f"{self._base}/messenger/v3/accounts/{user}/chats/{chat}/messages/"
         items: list[dict[str, Any]] = []
         offset: int | None = 0
         while offset is not None:
@@ -467,15 +478,19 @@ class AvitoPlatform:
 
     async def listing(self, account_id: str, chat_id: str) -> Listing | None:
         """The listing the chat is about (title, price, url), or None for a chat about none."""
-        url = f"{self._base}/messenger/v2/accounts/{account_id}/chats/{chat_id}"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user, chat = segment(account_id), segment(chat_id)
+        url = f"{self._base}/messenger/v2/accounts/{user}/chats/{chat}"
         # Best effort (the reply goes out without it): a refused token is the send's to refresh.
         response = await self._authorized(account_id, "GET", url, refresh=False)
         raise_for(response, _detail(response))
-        return listing_of(_json(response, "chat"))
+        return listing_of(_json(response, "chat"), account_id)
 
     async def mark_read(self, account_id: str, chat_id: str) -> None:
         """Mark the chat read in the seller's Avito app (sending does not)."""
-        url = f"{self._base}/messenger/v1/accounts/{account_id}/chats/{chat_id}/read"
+        # Ids as one segment each, never a path (platforms.base.segment).
+        user, chat = segment(account_id), segment(chat_id)
+        url = f"{self._base}/messenger/v1/accounts/{user}/chats/{chat}/read"
         response = await self._authorized(account_id, "POST", url)
         raise_for(response, _detail(response))
 
@@ -565,11 +580,18 @@ def since_last_answer(
     return found[::-1], False
 
 
-def listing_of(chat: object) -> Listing | None:
-    """The listing in a chat's ``context`` (type ``item``: title, price_string, url)."""
+def listing_of(chat: object, account_id: str) -> Listing | None:
+    """The listing in a chat's ``context`` (type ``item``: title, price_string, url), when
+    it is the account's own: its ``user_id`` (the listing's author) is the account. A chat
+    about another seller's listing (the account asked as a buyer), or one whose listing
+    names no author, gives none: the reply writer speaks for the seller about the seller's
+    listings only."""
     context = chat.get("context") if isinstance(chat, dict) else None
     value = context.get("value") if isinstance(context, dict) and context.get("type") == "item" else None
     if not isinstance(value, dict):
+        return None
+    author = value.get("user_id")
+    if isinstance(author, bool) or not isinstance(author, int | str) or str(author) != account_id:
         return None
     return Listing.from_json(
         {"title": value.get("title"), "price": value.get("price_string"), "url": value.get("url")}

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import random
 import time
+import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -13,8 +14,21 @@ import httpx
 
 from shared import metrics
 
-from ..failures import TRANSPORT_ERRORS, Failure, classify_status, classify_transport
+from ..failures import TRANSPORT_ERRORS, Failure, Kind, classify_status, classify_transport
 from ..ratelimit import AccountRateLimiter
+
+
+def segment(value: str) -> str:
+    """A platform id as one path segment of a URL: percent-encoded whole (``/`` too), so an
+    id is data and never a path (an Avito chat id ``../../x`` would otherwise reach another
+    endpoint with the account's token). ``.`` and ``..`` are dot segments whatever their
+    encoding (yarl, under aiohttp, decodes ``%2E`` and resolves them), and an empty id names
+    nothing: no platform gives such an id, so none is sent anywhere."""
+    if value in ("", ".", ".."):
+        raise Failure(
+            Kind.PERMANENT, f"the platform id {value!r} would name another path (or none): not sent"
+        )
+    return urllib.parse.quote(value, safe="")
 
 
 @dataclass(frozen=True)

@@ -4,6 +4,7 @@ an Idempotency-Key (the job id), so re-sending after a lost answer is safe."""
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Mapping
 from datetime import UTC, datetime
 
@@ -12,6 +13,33 @@ from standardwebhooks.webhooks import Webhook
 from ..failures import Failure, Kind
 from ..ratelimit import AccountRateLimiter
 from .base import Answer, HttpClient, Sent, SentQuery, call, raise_for
+
+#: What of an error answer's own words may be shown: a reason field of a JSON body, in
+#: these characters, this long. The body itself never is (the reply endpoint is a tenant's;
+#: what it answers must not reach a status, the API or /ops as it came).
+_REASON_FIELDS = ("reason", "error", "message", "detail")
+_UNSAFE = re.compile(r"[^A-Za-z0-9 _.,:;()'-]+")
+REASON_CHARS = 80
+
+
+def short_reason(response: Answer) -> str:
+    """A short, sanitised reason from an error answer (a JSON body's ``reason``, ``error``,
+    ``message`` or ``detail`` string), or nothing: never the body as it came."""
+    if response.is_success:
+        return ""
+    try:
+        body = response.json()
+    except ValueError:
+        return ""
+    if not isinstance(body, dict):
+        return ""
+    for name in _REASON_FIELDS:
+        value = body.get(name)
+        if isinstance(value, dict):
+            value = value.get("message")
+        if isinstance(value, str) and (text := " ".join(_UNSAFE.sub(" ", value).split())):
+            return text[:REASON_CHARS]
+    return ""
 
 
 class GenericPlatform:
@@ -36,7 +64,7 @@ class GenericPlatform:
             # the next attempt sends again under the same key.
             raise Failure(Kind.UNKNOWN, "the receiver is still processing this reply (HTTP 409)")
         self._refused(response)
-        raise_for(response, response.text[:200] if not response.is_success else "", acts=True)
+        raise_for(response, short_reason(response), acts=True)
         try:
             data = response.json()
         except ValueError:
