@@ -33,7 +33,7 @@ from shared.lifecycle import freeze_startup_heap
 from shared.ops_http import READINESS_SECONDS, OpsServer, export_readiness, postgres_check, readiness_gauges
 from shared.outbox import Relay
 from shared.runner import Supervisor, serve
-from shared.settings import Settings
+from shared.settings import Settings, SettingsRefused
 
 from . import accounts_api, pages, sandbox
 from . import admin as admin_api
@@ -174,6 +174,12 @@ def create_app(settings: Settings) -> ReceiverApps:
     """The composition root: every route and part, built from the settings."""
     webhooks = _webhook_routes(settings)
     admin_routes = [admin_api.router, accounts_api.router, sandbox.router, pages.router]
+    if settings.admin_port is None and settings.production_guards:
+        # ``run`` refuses to start so (Settings.receiver_problem); built anyway (in a test),
+        # the public port still answers none of the admin surface.
+        return ReceiverApps(
+            settings, public=_app(settings, [webhooks, health], admin=False, direct=webhooks), admin=None
+        )
     if settings.admin_port is None:
         app = _app(settings, [*admin_routes, webhooks, health], admin=True, direct=webhooks)
         return ReceiverApps(settings, public=app, admin=None)
@@ -439,6 +445,8 @@ async def run(settings: Settings, stop: asyncio.Event) -> int:
     server stops accepting and finishes its requests in flight (up to
     SHUTDOWN_GRACE_SECONDS), and only then the relay, broker and pool close. Returns the
     process's exit status."""
+    if problem := settings.receiver_problem():
+        raise SettingsRefused(problem)
     receiver = create_app(settings)
     servers = [
         OpsServer(
