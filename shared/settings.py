@@ -257,6 +257,14 @@ class Settings(BaseSettings):
     # Per-account metrics (an `account` label: one series per account, so opt-in).
     metrics_account_label: bool = False
 
+    # Slow clients (services/receiver/deadlines.py): a request's headers must arrive within
+    # HTTP_HEADER_TIMEOUT_SECONDS of its first byte (or of the connection), its body within
+    # HTTP_BODY_TIMEOUT_SECONDS of the headers, else 408 and the connection closed; past
+    # HTTP_LIMIT_CONCURRENCY connections or requests on one port a request gets 503 at once.
+    http_header_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    http_body_timeout_seconds: float = Field(default=20.0, gt=0, le=300)
+    http_limit_concurrency: int = Field(default=1000, ge=1, le=100_000)
+
     # Intake
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
     # While Postgres is unreachable a webhook is held this long, its store tried again,

@@ -37,6 +37,7 @@ from shared.settings import Settings, SettingsRefused
 
 from . import accounts_api, pages, sandbox
 from . import admin as admin_api
+from .deadlines import BodyDeadline, fit_file_descriptors, header_deadline
 from .direct import ReceiverApp
 from .errors import ApiError, install_error_handlers
 from .intake import (
@@ -210,6 +211,7 @@ def _app(
     app.state.sandbox_active = settings.sandbox_active
     app.state.settings = settings
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyDeadline, seconds=settings.http_body_timeout_seconds)
     install_error_handlers(app)
     for router in routers:
         app.include_router(router)
@@ -448,12 +450,17 @@ async def run(settings: Settings, stop: asyncio.Event) -> int:
     if problem := settings.receiver_problem():
         raise SettingsRefused(problem)
     receiver = create_app(settings)
+    fit_file_descriptors(settings.http_limit_concurrency * len(receiver.listeners))
     servers = [
         OpsServer(
             uvicorn.Config(
                 app,
                 host=settings.http_host,
                 port=port,
+                # Slow clients: a deadline on the headers (the protocol), one on the body
+                # (BodyDeadline, in the app), and a bound on what one port holds.
+                http=header_deadline(settings.http_header_timeout_seconds),
+                limit_concurrency=settings.http_limit_concurrency,
                 lifespan="off",
                 log_config=None,
                 access_log=False,
