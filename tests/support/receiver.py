@@ -11,6 +11,7 @@ from fastapi import FastAPI
 
 from services.receiver.app import ReceiverApps, create_app
 from shared.settings import Settings
+from tests.support.service_roles import as_service
 
 
 def client_of(app: FastAPI, host: str = "receiver") -> httpx.AsyncClient:
@@ -24,6 +25,6 @@ async def running_receiver(
     """The receiver running, and a client of the app on HTTP_PORT (everything, unless
     ADMIN_PORT is set; then ``client_of(receiver.admin)`` reaches the admin app), sending
     ``host`` as its Host (the sandbox answers "localhost" and loopback addresses only)."""
-    receiver = create_app(settings)
+    receiver = create_app(as_service(settings, "receiver"))
     async with receiver.running(), client_of(receiver.public, host) as client:
         yield receiver, client
