@@ -107,7 +107,8 @@ GRANTS: dict[str, dict[str, tuple[str, ...]]] = {
         "platform_budgets": (SEL, INS, UPD),
         "sandbox_replies": (SEL, INS),
         "dead_letters": (INS,),
-        "accounts": (SEL, UPD),
+        # Pausing an account the platform refused (its row made first if the environment's).
+        "accounts": (SEL, INS, UPD),
     },
 }
 

@@ -173,7 +173,7 @@ REFUSED = {
         "INSERT INTO reply_jobs DEFAULT VALUES",
         "DELETE FROM reply_jobs",
         "INSERT INTO chat_windows DEFAULT VALUES",
-        "INSERT INTO accounts DEFAULT VALUES",
+        "DELETE FROM accounts",
         "SELECT count(*) FROM avito_poll_accounts",
         "SELECT count(*) FROM dead_letters",
         "TRUNCATE deliveries",
