@@ -14,7 +14,7 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import pytest
 
-from shared.migrate import load_migrations, migrate
+from shared.migrate import load_migrations, migrate, pending
 from shared.roles import SERVICES, role_name
 from shared.settings import Settings
 from tests.conftest import replace
@@ -236,6 +236,8 @@ async def test_each_services_role_is_refused_what_it_does_not_use_and_allowed_wh
         for statement in ALLOWED[service]:
             async with conn.transaction():
                 await conn.execute(statement)
+        # What a worker's init container asks before it starts (shared.migrate --wait).
+        assert await pending(conn) == []
     finally:
         await conn.close()
 
