@@ -135,7 +135,10 @@ SELECT platform, account_id, name, state, state_reason, source, removed_at IS NO
        credentials, {", ".join(OVERRIDES)}
 FROM accounts
 """
-_SELECT_SOME = _SELECT + "WHERE (platform, account_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
+#: For a process that uses no account's credentials (the coalescer): its Postgres role
+#: cannot read the column (shared/roles.py), and it never holds them.
+_SELECT_WITHOUT_CREDENTIALS = _SELECT.replace("credentials,", "NULL::bytea AS credentials,", 1)
+_SOME = "WHERE (platform, account_id) IN (SELECT * FROM unnest($1::text[], $2::text[]))"
 
 
 def account_of(row: asyncpg.Record, box: SecretBox | None, opened: dict[str, str] | None = None) -> Account:
@@ -186,9 +189,16 @@ class AccountRegistry:
     (a test holds them per added account)."""
 
     def __init__(
-        self, pool: asyncpg.Pool, box: SecretBox, *, refresh_seconds: float = 30.0, dsn: str | None = None
+        self,
+        pool: asyncpg.Pool,
+        box: SecretBox,
+        *,
+        refresh_seconds: float = 30.0,
+        dsn: str | None = None,
+        credentials: bool = True,
     ) -> None:
         self._pool = pool
+        self._select = _SELECT if credentials else _SELECT_WITHOUT_CREDENTIALS
         self._dsn = dsn
         self.box = box
         self._refresh_seconds = refresh_seconds
@@ -212,13 +222,18 @@ class AccountRegistry:
         self.decrypted = 0
 
     @classmethod
-    def from_settings(cls, pool: asyncpg.Pool, settings: Settings) -> AccountRegistry:
-        keys = settings.secrets_key.get_secret_value() if settings.secrets_key else None
+    def from_settings(
+        cls, pool: asyncpg.Pool, settings: Settings, *, credentials: bool = True
+    ) -> AccountRegistry:
+        """``credentials=False``: the accounts without their credentials (never read, so
+        no key is needed)."""
+        keys = settings.secrets_key.get_secret_value() if settings.secrets_key and credentials else None
         return cls(
             pool,
-            SecretBox(keys, settings.secrets_key_file),
+            SecretBox(keys, settings.secrets_key_file if credentials else None),
             refresh_seconds=settings.accounts_refresh_seconds,
             dsn=settings.database_url.get_secret_value(),
+            credentials=credentials,
         )
 
     def get(self, platform: str, account_id: str) -> Account | None:
@@ -291,7 +306,7 @@ class AccountRegistry:
             await self._read_all_rows()
 
     async def _read_all_rows(self) -> None:
-        rows = await self._pool.fetch(_SELECT)
+        rows = await self._pool.fetch(self._select)
         self.rows_read += len(rows)
         accounts = {(r["platform"], r["account_id"]): self._account(r) for r in rows}
         for gone in self._opened.keys() - accounts.keys():
@@ -314,7 +329,9 @@ class AccountRegistry:
             if self._reload_keys():
                 await self._read_all_rows()
                 return
-            rows = await self._pool.fetch(_SELECT_SOME, [k[0] for k in wanted], [k[1] for k in wanted])
+            rows = await self._pool.fetch(
+                self._select + _SOME, [k[0] for k in wanted], [k[1] for k in wanted]
+            )
             self.rows_read += len(rows)
             found = {(r["platform"], r["account_id"]): self._account(r) for r in rows}
             changed = False

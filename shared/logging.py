@@ -101,10 +101,13 @@ def _refusal(exc: Exception) -> tuple[str, bool]:
     from pydantic import ValidationError
 
     from shared.migrate import MigrationError
+    from shared.settings import SettingsRefused
 
     if isinstance(exc, ValidationError):
         reasons = "; ".join(str(e["msg"]).removeprefix("Value error, ") for e in exc.errors())
         return f"settings refused: {reasons}", True
+    if isinstance(exc, SettingsRefused):
+        return f"settings refused: {exc}", True
     if isinstance(exc, MigrationError):
         return f"migration refused: {exc}", True
     return f"{type(exc).__name__}: {exc}", False

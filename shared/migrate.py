@@ -44,6 +44,8 @@ from typing import Any
 
 import asyncpg
 
+from shared.roles import apply_grants
+
 logger = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
@@ -480,6 +482,9 @@ async def migrate(
         if unknown:
             logger.warning("database has migrations this code does not know: %s", unknown)
         await apply_functions(conn, functions, newer_schema=bool(unknown))
+        if directory == MIGRATIONS_DIR:
+            # Each service's role: exactly its grants, on the tables as they now are.
+            await apply_grants(conn)
     except BaseException:
         # The lock is the session's: if the failure took the connection with it, the lock
         # ended with it, and the unlock's own error must not hide why the run stopped.

@@ -62,6 +62,11 @@ DEFAULT_GREETING = (
 MAX_GREETING_CHARS = 4096
 
 
+class SettingsRefused(ValueError):
+    """Settings one service cannot run with although they parse (another may): a refusal
+    that explains itself, logged without a traceback (``shared.logging.startup_failures``)."""
+
+
 def placeholder_reason(secret: str) -> str | None:
     """Why ``secret`` looks like a stand-in rather than a random value, or None.
 
@@ -253,7 +258,8 @@ class Settings(BaseSettings):
     admin_token_previous: SecretStr | None = None
     # Where the chatq CLI finds the admin API; unset: this machine's ADMIN_PORT, else HTTP_PORT.
     admin_url: str | None = None
-    # The built-in sandbox chat: on in development, off under the production guards unless enabled.
+    # The built-in sandbox chat: on in development, off under the production guards unless
+    # enabled; never with CHATQ_ENV=production.
     sandbox_enabled: bool | None = None
     alert_webhook_url: str | None = None
     alert_webhook_secret: SecretStr | None = None
@@ -265,6 +271,14 @@ class Settings(BaseSettings):
     metrics_port: int = Field(default=9100, ge=0, le=65535)
     # Per-account metrics (an `account` label: one series per account, so opt-in).
     metrics_account_label: bool = False
+
+    # Slow clients (services/receiver/deadlines.py): a request's headers must arrive within
+    # HTTP_HEADER_TIMEOUT_SECONDS of its first byte (or of the connection), its body within
+    # HTTP_BODY_TIMEOUT_SECONDS of the headers, else 408 and the connection closed; past
+    # HTTP_LIMIT_CONCURRENCY connections or requests on one port a request gets 503 at once.
+    http_header_timeout_seconds: float = Field(default=10.0, gt=0, le=300)
+    http_body_timeout_seconds: float = Field(default=20.0, gt=0, le=300)
+    http_limit_concurrency: int = Field(default=1000, ge=1, le=100_000)
 
     # Intake
     max_body_bytes: int = Field(default=256 * 1024, ge=1024)
@@ -405,6 +419,11 @@ class Settings(BaseSettings):
             )
         if self.admin_port is not None and self.admin_port == self.http_port:
             raise ValueError("CHATQ_ADMIN_PORT must differ from CHATQ_HTTP_PORT (unset it to share one port)")
+        if self.env == "production" and self.sandbox_enabled:
+            raise ValueError(
+                "CHATQ_SANDBOX_ENABLED=true is refused with CHATQ_ENV=production: the sandbox takes "
+                "messages from anyone who reaches it (unset it, or run the sandbox in development)"
+            )
         if self.production_guards:
             problems = self._production_problems()
             if problems:
@@ -470,8 +489,26 @@ class Settings(BaseSettings):
 
     @property
     def sandbox_active(self) -> bool:
-        """SANDBOX_ENABLED when set; otherwise on in development, off under the production guards."""
+        """Never with CHATQ_ENV=production; else SANDBOX_ENABLED when set, otherwise on in
+        development and off under the production guards."""
+        if self.env == "production":
+            return False
         return self.sandbox_enabled if self.sandbox_enabled is not None else not self.production_guards
+
+    def receiver_problem(self) -> str | None:
+        """Why the receiver refuses to start with these settings, or None: under the
+        production guards the admin surface (admin and accounts API, /metrics, /ops,
+        /openapi.json, the sandbox) never shares the public port with the webhooks, so
+        CHATQ_ADMIN_PORT is required. Only the receiver serves HTTP on HTTP_PORT, so the
+        coalescer and responder do not need it."""
+        if self.production_guards and self.admin_port is None:
+            return (
+                "the production guards require CHATQ_ADMIN_PORT for the receiver: the admin and "
+                "accounts API, /metrics, /ops, /openapi.json and the sandbox are never served on "
+                f"the public port CHATQ_HTTP_PORT={self.http_port}; set CHATQ_ADMIN_PORT (e.g. 8081) "
+                "and keep it off the load balancer"
+            )
+        return None
 
     @property
     def admin_base_url(self) -> str:

@@ -16,6 +16,7 @@ from shared.db import create_pool
 from shared.migrate import migrate
 from shared.settings import Settings
 from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.support import service_roles
 from tests.support.broker import QueueInspector
 from tests.support.infra import Infra, InfraUnavailable, provision_infra
 
@@ -29,8 +30,14 @@ ALL_QUEUES = tuple(q.name for q in TEST_TOPOLOGY.queues)
 
 @pytest.fixture(scope="session")
 async def infra() -> AsyncIterator[Infra]:
+    owner: tuple[str, str] | None = None
     try:
         async with provision_infra() as provisioned:
+            if service_roles.enabled():
+                made = await service_roles.make_service_roles(
+                    provisioned.admin_database_url, provisioned.database_url
+                )
+                owner = (provisioned.admin_database_url, made)
             conn = await asyncpg.connect(provisioned.database_url)
             try:
                 await migrate(conn)
@@ -42,6 +49,9 @@ async def infra() -> AsyncIterator[Infra]:
             yield provisioned
     except InfraUnavailable as exc:
         pytest.fail(str(exc), pytrace=False)
+    finally:
+        if owner is not None:
+            await service_roles.drop_service_roles(*owner)
 
 
 def make_settings(infra: Infra, **overrides: Any) -> Settings:

@@ -90,7 +90,8 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     then the relay after one last pass publishes what was emitted, then the ops server."""
     pool = await parts.database(settings.database_pool_size)
     metrics.create_known_series("coalescer")
-    registry = AccountRegistry.from_settings(pool, settings)
+    # The fair share and the overrides; never a credential (its role cannot read them).
+    registry = AccountRegistry.from_settings(pool, settings, credentials=False)
     await registry.start()
     parts.closing("accounts", registry)
     # Separate connections: a consumer's flow control never blocks the relay's publishes.

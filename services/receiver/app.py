@@ -36,10 +36,11 @@ from shared.lifecycle import freeze_startup_heap
 from shared.ops_http import READINESS_SECONDS, OpsServer, export_readiness, postgres_check, readiness_gauges
 from shared.outbox import Relay
 from shared.runner import Supervisor, serve
-from shared.settings import Settings
+from shared.settings import Settings, SettingsRefused
 
 from . import accounts_api, pages, sandbox
 from . import admin as admin_api
+from .deadlines import BodyDeadline, fit_file_descriptors, header_deadline
 from .direct import ReceiverApp
 from .errors import ApiError, install_error_handlers
 from .intake import (
@@ -178,6 +179,12 @@ def create_app(settings: Settings) -> ReceiverApps:
     """The composition root: every route and part, built from the settings."""
     webhooks = _webhook_routes(settings)
     admin_routes = [admin_api.router, accounts_api.router, sandbox.router, pages.router]
+    if settings.admin_port is None and settings.production_guards:
+        # ``run`` refuses to start so (Settings.receiver_problem); built anyway (in a test),
+        # the public port still answers none of the admin surface.
+        return ReceiverApps(
+            settings, public=_app(settings, [webhooks, health], admin=False, direct=webhooks), admin=None
+        )
     if settings.admin_port is None:
         app = _app(settings, [*admin_routes, webhooks, health], admin=True, direct=webhooks)
         return ReceiverApps(settings, public=app, admin=None)
@@ -208,6 +215,7 @@ def _app(
     app.state.sandbox_active = settings.sandbox_active
     app.state.settings = settings
     app.add_middleware(BodySizeLimit, max_bytes=settings.max_body_bytes)
+    app.add_middleware(BodyDeadline, seconds=settings.http_body_timeout_seconds)
     install_error_handlers(app)
     for router in routers:
         app.include_router(router)
@@ -448,13 +456,20 @@ async def run(settings: Settings, stop: asyncio.Event) -> int:
     server stops accepting and finishes its requests in flight (up to
     SHUTDOWN_GRACE_SECONDS), and only then the relay, broker and pool close. Returns the
     process's exit status."""
+    if problem := settings.receiver_problem():
+        raise SettingsRefused(problem)
     receiver = create_app(settings)
+    fit_file_descriptors(settings.http_limit_concurrency * len(receiver.listeners))
     servers = [
         OpsServer(
             uvicorn.Config(
                 app,
                 host=settings.http_host,
                 port=port,
+                # Slow clients: a deadline on the headers (the protocol), one on the body
+                # (BodyDeadline, in the app), and a bound on what one port holds.
+                http=header_deadline(settings.http_header_timeout_seconds),
+                limit_concurrency=settings.http_limit_concurrency,
                 lifespan="off",
                 log_config=None,
                 access_log=False,

@@ -6,6 +6,7 @@ cap (chunked, or a Content-Length that lies) is cut off as soon as it does."""
 from __future__ import annotations
 
 import json
+from collections.abc import Awaitable, Callable
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -24,13 +25,12 @@ class BodySizeLimit:
                 try:
                     declared = int(value)
                 except ValueError:
-                    await _reject(send, 400, "bad_request", "Content-Length is not a number")
+                    await reject(send, 400, "bad_request", "Content-Length is not a number")
                     return
                 if declared > self.max_bytes:
-                    await _reject(send, 413, "body_too_large", self._too_large())
+                    await reject(send, 413, "body_too_large", self._too_large())
                     return
         received = 0
-        response_started = False
 
         async def limited_receive() -> Message:
             nonlocal received
@@ -41,17 +41,12 @@ class BodySizeLimit:
                     raise _BodyTooLarge
             return message
 
-        async def tracking_send(message: Message) -> None:
-            nonlocal response_started
-            if message["type"] == "http.response.start":
-                response_started = True
-            await send(message)
-
-        try:
-            await self.app(scope, limited_receive, tracking_send)
-        except _BodyTooLarge:
-            if not response_started:
-                await _reject(send, 413, "body_too_large", self._too_large())
+        await answer_unless_started(
+            self.app(scope, limited_receive, tracking := ResponseTracker(send)),
+            tracking,
+            _BodyTooLarge,
+            lambda: reject(send, 413, "body_too_large", self._too_large()),
+        )
 
     def _too_large(self) -> str:
         return f"request body is larger than {self.max_bytes} bytes"
@@ -61,7 +56,36 @@ class _BodyTooLarge(Exception):
     pass
 
 
-async def _reject(send: Send, status: int, code: str, message: str) -> None:
+class ResponseTracker:
+    """An ASGI ``send`` that notes whether the response has started."""
+
+    def __init__(self, send: Send) -> None:
+        self.send = send
+        self.started = False
+
+    async def __call__(self, message: Message) -> None:
+        if message["type"] == "http.response.start":
+            self.started = True
+        await self.send(message)
+
+
+async def answer_unless_started(
+    call: Awaitable[None],
+    tracker: ResponseTracker,
+    refusal: type[Exception],
+    answer: Callable[[], Awaitable[None]],
+) -> None:
+    """Run the app; when it raises ``refusal`` before its response started, ``answer``
+    instead (after it started, nothing more can be said: the server cuts the response)."""
+    try:
+        await call
+    except refusal:
+        if not tracker.started:
+            await answer()
+
+
+async def reject(send: Send, status: int, code: str, message: str) -> None:
+    """A JSON error, and the connection closed after it."""
     body = json.dumps({"error": {"code": code, "message": message}}).encode()
     await send(
         {

@@ -2,7 +2,8 @@
 the bot's one coalesced answer arrive after the human-like pause. Messages go through
 the real intake (inbox + outbox), RabbitMQ, coalescer and responder; the responder's
 sandbox adapter writes replies to ``sandbox_replies``, which this page reads. On in
-development, off in production unless CHATQ_SANDBOX_ENABLED=true."""
+development, off under the production guards unless CHATQ_SANDBOX_ENABLED=true, never with
+CHATQ_ENV=production; it answers requests addressed to a loopback name only."""
 
 from __future__ import annotations
 
@@ -17,6 +18,7 @@ from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from shared import metrics
+from shared.settings import is_loopback
 
 from .errors import ApiError
 from .intake import Intake, parse_json, store
@@ -36,8 +38,29 @@ class SandboxMessage(BaseModel):
 
 
 def _require_sandbox(request: Request) -> None:
+    """The sandbox is on (never in production), and the request names this machine in its
+    Host: a page on another site whose name an attacker re-points at 127.0.0.1 (DNS
+    rebinding) reaches the port with its own name, which is refused."""
     if not request.app.state.sandbox_active:
         raise ApiError(404, "sandbox_disabled", "the sandbox chat is off (CHATQ_SANDBOX_ENABLED)")
+    if not is_loopback_name(request.headers.get("host", "")):
+        raise ApiError(
+            403,
+            "sandbox_host_refused",
+            "the sandbox answers requests addressed to localhost, 127.0.0.1 or [::1] only",
+        )
+
+
+def is_loopback_name(host_header: str) -> bool:
+    """Whether a Host header names this machine: localhost (or a name under .localhost,
+    which browsers never ask DNS for), 127.0.0.0/8 or ::1, with or without a port."""
+    host = host_header.strip()
+    if host.startswith("["):
+        host = host[1 : host.find("]")] if "]" in host else ""
+    elif host.count(":") == 1:
+        host = host.split(":", 1)[0]
+    name = host.rstrip(".").lower()
+    return bool(name) and (is_loopback(name) or name.endswith(".localhost"))
 
 
 @router.get("/sandbox", response_class=HTMLResponse, include_in_schema=False)
@@ -49,6 +72,11 @@ async def sandbox_page(request: Request) -> HTMLResponse:
 @router.post("/v1/sandbox/messages", status_code=202, openapi_extra=json_body(SandboxMessage))
 async def sandbox_message(request: Request) -> dict[str, Any]:
     _require_sandbox(request)
+    # JSON only: a form a foreign page posts (text/plain, form-urlencoded) needs no CORS
+    # preflight; application/json does.
+    media = request.headers.get("content-type", "").split(";", 1)[0].strip().lower()
+    if media != "application/json":
+        raise ApiError(415, "unsupported_media_type", "send the body as application/json")
     data, _ = parse_json(await request.body())
     try:
         msg = SandboxMessage.model_validate(data)

@@ -70,7 +70,7 @@ async def expect_continue(
     then on the request is in flight (the app is reading its body)."""
     reader, writer = await asyncio.open_connection("127.0.0.1", port)
     head = (
-        f"POST {path} HTTP/1.1\r\nHost: receiver\r\nContent-Type: application/json\r\n"
+        f"POST {path} HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n"
         f"X-Telegram-Bot-Api-Secret-Token: {TELEGRAM_SECRET}\r\n"
         f"Content-Length: {len(body)}\r\nExpect: 100-continue\r\n\r\n"
     )
@@ -120,3 +120,16 @@ async def test_sigterm_stops_both_ports_accepting_and_lets_requests_in_flight_on
     texts = {r["text"] for r in await pool.fetch("SELECT text FROM operations")}
     assert texts == {"in flight", "in flight too"}
     assert "receiver stopped" in receiver.log()
+
+
+async def test_in_production_a_receiver_without_an_admin_port_refuses_to_start_and_says_why(settings) -> None:
+    production = replace(
+        settings, env="production", amqp_url="amqp://chatq:Hs8dJ3kq0PzX5nVb@127.0.0.1:1/", relay_enabled=False
+    )
+    receiver = await Receiver(production).start(wait_healthy=False)
+    try:
+        assert await receiver.wait_exit(within=30) == 1, receiver.log()
+        assert "settings refused: the production guards require CHATQ_ADMIN_PORT" in receiver.log()
+        assert "Traceback" not in receiver.log()
+    finally:
+        await receiver.stop()

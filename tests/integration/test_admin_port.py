@@ -7,6 +7,7 @@ import asyncio
 
 import pytest
 
+from services.receiver.app import create_app
 from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET, replace
 from tests.support.payloads import telegram_update
 from tests.support.receiver import client_of, running_receiver
@@ -29,6 +30,12 @@ ADMIN_ONLY = [
     ("POST", "/v1/sandbox/messages"),
     ("GET", "/v1/sandbox/chats/s1/messages"),
     ("GET", "/openapi.json"),
+    ("GET", "/docs"),
+    ("GET", "/v1/accounts"),
+    ("POST", "/v1/accounts"),
+    ("GET", "/v1/accounts/telegram/1"),
+    ("DELETE", "/v1/accounts/telegram/1"),
+    ("POST", "/v1/accounts/rotate-key"),
 ]
 
 
@@ -62,7 +69,7 @@ async def test_the_admin_port_serves_the_admin_api_pages_metrics_and_health_over
 ) -> None:
     async with running_receiver(split) as (receiver, public):
         assert receiver.admin is not None
-        async with client_of(receiver.admin, "admin") as admin:
+        async with client_of(receiver.admin, "localhost") as admin:
             op = (await public.post("/v1/webhooks/telegram", json=telegram_update(2), headers=TG)).json()
             doc = (await admin.get(f"/v1/operations/{op['operation_id']}", headers=ADMIN)).json()
             assert doc["id"] == op["operation_id"]
@@ -97,7 +104,7 @@ async def test_the_two_apps_share_one_runtime_started_once(split) -> None:
 
 
 async def test_without_an_admin_port_one_app_serves_everything(settings) -> None:
-    async with running_receiver(settings) as (receiver, client):
+    async with running_receiver(settings, host="localhost") as (receiver, client):
         assert receiver.admin is None
         assert [port for _, port in receiver.listeners] == [settings.http_port]
         r = await client.post("/v1/webhooks/telegram", json=telegram_update(4), headers=TG)
@@ -113,3 +120,36 @@ async def test_metrics_answer_at_slash_metrics_without_a_redirect(settings) -> N
         assert r.status_code == 200, r.status_code
         assert r.headers["content-type"].startswith("text/plain")
         assert "chatq_webhooks_total" in r.text
+
+
+@pytest.fixture
+def production(settings):
+    """The test settings under CHATQ_ENV=production (the broker's guest account replaced:
+    nothing here connects)."""
+    return replace(
+        settings, env="production", amqp_url="amqp://chatq:Hs8dJ3kq0PzX5nVb@127.0.0.1:1/", relay_enabled=False
+    )
+
+
+@pytest.mark.parametrize(("method", "path"), ADMIN_ONLY, ids=[f"{m} {p}" for m, p in ADMIN_ONLY])
+async def test_in_production_without_an_admin_port_the_one_port_serves_none_of_the_admin_surface(
+    production, method: str, path: str
+) -> None:
+    """The receiver refuses to start so (``run``: Settings.receiver_problem); an app built
+    anyway still answers every admin path with the 404 of an unknown path, the admin
+    token notwithstanding."""
+    receiver = create_app(production)
+    assert receiver.admin is None and production.receiver_problem() is not None
+    async with client_of(receiver.public, "localhost") as public:
+        r = await public.request(method, path, headers=ADMIN, json={})
+    assert r.status_code == 404
+    assert r.json() == {"error": {"code": "not_found", "message": "Not Found"}}
+
+
+async def test_in_production_the_admin_port_has_no_sandbox(production) -> None:
+    receiver = create_app(replace(production, admin_port=18081))
+    assert receiver.admin is not None
+    async with client_of(receiver.admin, "localhost") as admin:
+        assert (await admin.get("/sandbox")).json()["error"]["code"] == "sandbox_disabled"
+        sent = await admin.post("/v1/sandbox/messages", json={"chat_id": "s1", "text": "Hi"})
+        assert sent.status_code == 404 and sent.json()["error"]["code"] == "sandbox_disabled"

@@ -40,7 +40,7 @@ class Inline(HTMLParser):
 
 @pytest.fixture
 async def client(settings):
-    async with running_receiver(replace(settings, relay_enabled=False)) as (_, c):
+    async with running_receiver(replace(settings, relay_enabled=False), host="localhost") as (_, c):
         yield c
 
 

@@ -32,7 +32,7 @@ def sandbox(settings):
 
 async def test_a_burst_typed_in_the_sandbox_gets_one_answer_through_the_real_pipeline(sandbox) -> None:
     async with (
-        running_receiver(sandbox) as (_, client),
+        running_receiver(sandbox, host="localhost") as (_, client),
         running_coalescers(sandbox),
         running_responders(sandbox),
     ):
@@ -60,11 +60,11 @@ async def test_a_burst_typed_in_the_sandbox_gets_one_answer_through_the_real_pip
 
 
 async def test_bad_sandbox_input_is_refused_and_the_sandbox_is_off_in_production(sandbox) -> None:
-    async with running_receiver(replace(sandbox, relay_enabled=False)) as (_, client):
+    async with running_receiver(replace(sandbox, relay_enabled=False), host="localhost") as (_, client):
         r = await client.post("/v1/sandbox/messages", json={"chat_id": "has space", "text": "x"})
         assert r.status_code == 422
     off = replace(sandbox, relay_enabled=False, sandbox_enabled=False)
-    async with running_receiver(off) as (_, client):
+    async with running_receiver(off, host="localhost") as (_, client):
         assert (await client.get("/sandbox")).status_code == 404
         r = await client.post("/v1/sandbox/messages", json={"chat_id": "s", "text": "x"})
         assert r.json()["error"]["code"] == "sandbox_disabled"
@@ -76,7 +76,7 @@ async def test_the_sandbox_chat_shows_each_message_in_the_status_a_person_reads_
     """'queued' and 'replying' are read, not written (chatq_shown_status): the sandbox
     chat shows what the status API shows, not the stored 'accepted' and 'waiting'."""
     admin = {"Authorization": f"Bearer {ADMIN_TOKEN}"}
-    async with running_receiver(sandbox) as (_, client):
+    async with running_receiver(sandbox, host="localhost") as (_, client):
         r = await client.post("/v1/sandbox/messages", json={"chat_id": "s2", "text": "Hi"})
         op = r.json()["operation_id"]
 
@@ -124,3 +124,45 @@ async def test_the_sandbox_chat_shows_each_message_in_the_status_a_person_reads_
 
 async def _is(read: Callable[[], Awaitable[str]], status: str) -> bool:
     return await read() == status
+
+
+@pytest.mark.parametrize(
+    "content_type",
+    ["text/plain", "application/x-www-form-urlencoded", "multipart/form-data; boundary=x", None],
+)
+async def test_the_sandbox_takes_json_only_and_a_form_a_foreign_page_could_post_is_refused_with_415(
+    sandbox, pool: asyncpg.Pool, content_type: str | None
+) -> None:
+    """A page on another site can post text/plain or a form to 127.0.0.1 without a CORS
+    preflight; application/json it cannot."""
+    headers = {"content-type": content_type} if content_type else {}
+    async with running_receiver(replace(sandbox, relay_enabled=False), host="localhost") as (_, client):
+        r = await client.post(
+            "/v1/sandbox/messages", content=b'{"chat_id": "s1", "text": "Hi"}', headers=headers
+        )
+        assert r.status_code == 415 and r.json()["error"]["code"] == "unsupported_media_type"
+        ok = await client.post("/v1/sandbox/messages", json={"chat_id": "s1", "text": "Hi"})
+        assert ok.status_code == 202
+    assert await pool.fetchval("SELECT count(*) FROM operations") == 1
+
+
+@pytest.mark.parametrize("host", ["attacker.example", "receiver", "10.0.0.5:8080", "127.0.0.1.nip.io", ""])
+async def test_the_sandbox_refuses_a_request_addressed_to_any_name_but_this_machines(
+    sandbox, pool: asyncpg.Pool, host: str
+) -> None:
+    """DNS rebinding: a page on attacker.example re-points its name at 127.0.0.1 and its
+    script reaches the sandbox with Host: attacker.example; it is refused before anything
+    is read or stored."""
+    async with running_receiver(replace(sandbox, relay_enabled=False), host="localhost") as (_, client):
+        for method, path, body in [
+            ("GET", "/sandbox", None),
+            ("POST", "/v1/sandbox/messages", {"chat_id": "s1", "text": "Hi"}),
+            ("GET", "/v1/sandbox/chats/s1/messages", None),
+        ]:
+            r = await client.request(method, path, json=body, headers={"host": host})
+            assert r.status_code == 403, (method, path, r.text)
+            assert r.json()["error"]["code"] == "sandbox_host_refused"
+        for loopback in ["localhost", "localhost:8080", "127.0.0.1:8080", "[::1]:8080", "chat.localhost"]:
+            r = await client.get("/v1/sandbox/chats/s1/messages", headers={"host": loopback})
+            assert r.status_code == 200, loopback
+    assert await pool.fetchval("SELECT count(*) FROM operations") == 0

@@ -14,6 +14,8 @@ from typing import Any
 
 import httpx
 
+from tests.support.service_roles import as_service
+
 ROOT = Path(__file__).resolve().parents[2]
 
 
@@ -122,7 +124,7 @@ class Receiver(ServiceProcess):
             extra["CHATQ_ADMIN_PORT"] = str(admin_port)
         super().__init__(
             "services.receiver",
-            settings_env(settings, CHATQ_HTTP_PORT=str(self.port), **extra),
+            settings_env(as_service(settings, "receiver"), CHATQ_HTTP_PORT=str(self.port), **extra),
             name="receiver",
         )
         self.url = f"http://127.0.0.1:{self.port}"
@@ -143,7 +145,7 @@ class Worker(ServiceProcess):
         self.port = free_port()
         super().__init__(
             f"services.{service}",
-            settings_env(settings, CHATQ_METRICS_PORT=str(self.port), **extra),
+            settings_env(as_service(settings, service), CHATQ_METRICS_PORT=str(self.port), **extra),
             name=service,
         )
         self.url = f"http://127.0.0.1:{self.port}"

@@ -9,6 +9,7 @@ from collections.abc import AsyncIterator
 from services.coalescer import app as coalescer_app
 from services.responder import app as responder_app
 from shared.settings import Settings
+from tests.support.service_roles import as_service
 
 
 @contextlib.asynccontextmanager
@@ -27,8 +28,8 @@ async def _running(
 
 
 def running_coalescers(settings: Settings, replicas: int = 1):
-    return _running(coalescer_app.run, settings, replicas, "coalescer")
+    return _running(coalescer_app.run, as_service(settings, "coalescer"), replicas, "coalescer")
 
 
 def running_responders(settings: Settings, replicas: int = 1):
-    return _running(responder_app.run, settings, replicas, "responder")
+    return _running(responder_app.run, as_service(settings, "responder"), replicas, "responder")

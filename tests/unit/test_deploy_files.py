@@ -730,6 +730,8 @@ def test_the_prod_secret_is_one_documented_instruction_whose_keys_pass_the_produ
     )
     required, named = secret_keys(PROD_SECRETS)
     not_ours = {"RABBITMQ_MANAGEMENT_URL", "POSTGRES_EXPORTER_DATA_SOURCE_NAME"}  # KEDA's, the exporter's
+    # Each service's own Postgres role's URL, its CHATQ_DATABASE_URL (the owner's is the migration's).
+    not_ours |= {f"{service.upper()}_DATABASE_URL" for service in ("receiver", "coalescer", "responder")}
     assert set(required) == {"CHATQ_DATABASE_URL", "CHATQ_AMQP_URL", "CHATQ_ADMIN_TOKEN", *not_ours}
     assert named - not_ours <= SETTINGS_ENV, named - SETTINGS_ENV
     docs = kustomize(OVERLAYS[1])
@@ -986,3 +988,33 @@ def test_alertmanager_refuses_to_start_without_a_receiver_or_a_heartbeat() -> No
     assert example["ALERTMANAGER_RECEIVER"] == "telegram"
     assert "CHANGE-ME" in example["ALERTMANAGER_HEARTBEAT_URL"]
     assert "CHANGE-ME" in example["ALERTMANAGER_TELEGRAM_BOT_TOKEN"]
+
+
+def test_each_service_connects_to_postgres_as_its_own_role_and_only_the_migration_as_the_owner() -> None:
+    """shared/roles.py: compose and Kubernetes give each service its own role's URL; the
+    owner's (chatq) reaches the migration alone."""
+    services = compose()["services"]
+    owner = compose()["x-chatqueue"]["environment"]["CHATQ_DATABASE_URL"]
+    assert owner.startswith("postgresql://chatq:")
+    assert services["migrate"]["environment"]["CHATQ_DATABASE_URL"] == owner  # YAML's merge: the owner's
+    initdb = services["postgres"]["environment"]
+    for service in ("receiver", "coalescer", "responder"):
+        url = services[service]["environment"]["CHATQ_DATABASE_URL"]
+        assert url.startswith(f"postgresql://chatq_{service}:${{CHATQ_{service.upper()}_DB_PASSWORD:?"), (
+            service
+        )
+        assert f"CHATQ_{service.upper()}_DB_PASSWORD" in initdb
+    docs = kustomize(OVERLAYS[1])
+    ours = [f"chatqueue-{s}" for s in ("receiver", "coalescer", "responder")]
+    deployments = [d for d in docs if d["kind"] == "Deployment" and d["metadata"]["name"] in ours]
+    assert len(deployments) == 3
+    for d in deployments:
+        spec = d["spec"]["template"]["spec"]
+        service = d["metadata"]["name"].removeprefix("chatqueue-")
+        for c in [*spec.get("initContainers", []), *spec["containers"]]:
+            env = {e["name"]: e for e in c.get("env", [])}
+            if c["args"] == ["shared.migrate"]:
+                assert "CHATQ_DATABASE_URL" not in env  # the Secret's: the owner's
+                continue
+            ref = env["CHATQ_DATABASE_URL"]["valueFrom"]["secretKeyRef"]
+            assert ref == {"name": "chatqueue-secrets", "key": f"{service.upper()}_DATABASE_URL"}, c["name"]

@@ -438,3 +438,24 @@ def test_the_responders_pool_is_one_shared_connection_per_batch_of_jobs_plus_the
     assert Settings(responder_concurrency=33, responder_batch_jobs=8).pool_connections("responder") == 15
     assert Settings(responder_concurrency=8, database_pool_size=3).pool_connections("responder") == 4
     assert Settings(database_pool_size=3).pool_connections("coalescer") == 3
+
+
+def test_the_sandbox_cannot_be_enabled_with_env_production() -> None:
+    with pytest.raises(
+        ValidationError, match="CHATQ_SANDBOX_ENABLED=true is refused with CHATQ_ENV=production"
+    ):
+        Settings(env="production", sandbox_enabled=True, **SERVER_CREDENTIALS)
+    assert not Settings(env="production", **SERVER_CREDENTIALS).sandbox_active
+    # Under the guards of a server host in development it may still be turned on (a dev cluster).
+    assert Settings(http_host="0.0.0.0", sandbox_enabled=True, **SERVER_CREDENTIALS).sandbox_active
+
+
+def test_under_the_production_guards_the_receiver_requires_an_admin_port_and_the_workers_do_not() -> None:
+    production = Settings(env="production", **SERVER_CREDENTIALS)
+    problem = production.receiver_problem()
+    assert problem is not None and "require CHATQ_ADMIN_PORT" in problem
+    server_host = Settings(http_host="0.0.0.0", **SERVER_CREDENTIALS)
+    assert server_host.receiver_problem() is not None
+    assert Settings(env="production", admin_port=8081, **SERVER_CREDENTIALS).receiver_problem() is None
+    # Development on loopback keeps one port for everything.
+    assert Settings().receiver_problem() is None
