@@ -116,3 +116,31 @@ async def clean(pool: asyncpg.Pool, queues: QueueInspector) -> None:
 def replace(settings: Settings, **changes: Any) -> Settings:
     """A validated copy of settings with some values changed (model_copy skips validation)."""
     return Settings(**{**settings.model_dump(), **changes})
+
+
+#: Seconds into a test past which every asyncio task's stack is printed (pytest-timeout
+#: fails the test at 300 s and shows only threads; a hang in a coroutine shows here).
+HANG_REPORT_SECONDS = 200
+
+
+@pytest.fixture(autouse=True)
+async def _report_a_hang(request: pytest.FixtureRequest) -> AsyncIterator[None]:
+    """A test still running after HANG_REPORT_SECONDS prints what every task awaits: a
+    rare hang seen once in a full run (no log, no stack of the coroutine) names itself."""
+    import asyncio
+    import io
+
+    def report() -> None:
+        out = io.StringIO()
+        for task in asyncio.all_tasks():
+            print(f"--- task {task.get_name()} ({task.get_coro()!r})", file=out)
+            task.print_stack(limit=12, file=out)
+        print(
+            f"\n+++ {request.node.nodeid} still running after {HANG_REPORT_SECONDS} s; tasks:\n{out.getvalue()}"
+        )
+
+    handle = asyncio.get_running_loop().call_later(HANG_REPORT_SECONDS, report)
+    try:
+        yield
+    finally:
+        handle.cancel()
