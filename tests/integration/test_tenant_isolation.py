@@ -20,6 +20,7 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from services.responder.platforms.avito import token_key
 from shared import metrics
+from shared.accounts import AccountRegistry
 from shared.secretbox import SecretBox
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET, replace
@@ -27,7 +28,7 @@ from tests.fakes.platforms import FakeWorld
 from tests.integration.test_many_accounts import BOT2, KEY, SHOP2, SHOP2_PATH, add, running
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
-from tests.support.pipeline import ADMIN
+from tests.support.pipeline import ADMIN, Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
@@ -71,6 +72,22 @@ def signed_by(secret: str, sent: dict) -> bool:
     except WebhookVerificationError:
         return False
     return True
+
+
+async def shop3_replied(p: Pipeline) -> None:
+    body, headers = shop3_message(1)
+    r = await p.client.post("/v1/webhooks/generic/shop-3", content=body, headers=headers)
+    assert r.status_code == 202, r.text
+    assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
+
+
+def assert_sent_by_shop3_only(world: FakeWorld) -> None:
+    """One reply, to shop-3's own reply_url, signed with its reply_secret, never with
+    CHATQ_GENERIC_REPLY_SECRET (which the account could replay into the environment's endpoint)."""
+    [sent] = world.generic
+    assert sent["account_id"] == "shop-3"
+    assert signed_by(SHOP3_REPLY, sent), "the reply is not signed with the account's own reply_secret"
+    assert not signed_by(GENERIC_SECRET, sent), "the reply carries the environment's signature"
 
 
 async def insert_added(
@@ -122,14 +139,29 @@ async def test_a_generic_accounts_reply_goes_to_its_own_url_signed_with_its_own_
     # The environment's generic replies go nowhere reachable: a fallback to them fails the reply.
     elsewhere = replace(keyed, generic_reply_url=f"{world.url}/nowhere")
     async with running(elsewhere, pool, shop3(world)) as p:
-        body, headers = shop3_message(1)
-        r = await p.client.post("/v1/webhooks/generic/shop-3", content=body, headers=headers)
-        assert r.status_code == 202, r.text
+        await shop3_replied(p)
+    assert_sent_by_shop3_only(world)
+
+
+async def test_an_added_generic_accounts_reply_goes_to_its_own_url_even_before_the_responder_hears_it_was_added(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its notification lost or late (a blip of the listening connection, a pooling proxy,
+    or the job outrunning the NOTIFY): on main the responder's registry did not know shop-3,
+    took it for the environment's and signed its reply with CHATQ_GENERIC_REPLY_SECRET."""
+    monkeypatch.setattr(AccountRegistry, "_notified", lambda *a: None)  # no process hears of a change
+    deaf = replace(keyed, accounts_refresh_seconds=3600)
+    async with running(deaf, pool) as p:
+        # Every service is up and has read the accounts (the environment's sender replied).
+        env = dumps({**generic_message("w-1", text="hi"), "account_id": "shop-1"})
+        r = await p.client.post(
+            "/v1/webhooks/generic", content=env, headers=signed(GENERIC_SECRET, env, webhook_id="w-1")
+        )
         assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
-    [sent] = world.generic
-    assert sent["account_id"] == "shop-3"
-    assert signed_by(SHOP3_REPLY, sent), "the reply is not signed with the account's own reply_secret"
-    assert not signed_by(GENERIC_SECRET, sent), "the reply carries the environment's signature"
+        world.generic.clear()
+        await add(p.client, shop3(world))  # the receiver reads its own change itself
+        await shop3_replied(p)
+    assert_sent_by_shop3_only(world)
 
 
 async def test_an_added_generic_account_from_before_without_its_own_reply_settings_is_paused_at_start(
