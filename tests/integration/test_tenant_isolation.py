@@ -230,6 +230,13 @@ BAD_CREDENTIALS = [
     ("generic", {"reply_url": "https://user:pw@shop-3.example/r"}, "reply_url: must not carry a user"),
     ("generic", {"reply_url": "https:///replies"}, "reply_url: must name a host"),
     ("telegram", {"bot_token": "5151:short"}, "bot_token: must be a Telegram bot token"),
+    # A pasted line break: on main re.match's $ took it (and Telegram refused it far from here).
+    (
+        "telegram",
+        {"bot_token": BOT2["credentials"]["bot_token"] + "\n"},
+        "bot_token: must be a Telegram bot token",
+    ),
+    ("avito", {"client_secret": "client-2-secret\n"}, "client_secret: must be non-empty printable ASCII"),
     ("telegram", {"bot_token": "6161:AAbot-two-token-0123456789abcdef"}, "bot_token: is another bot's"),
     ("telegram", {"webhook_secret": "has spaces in it 0123456789"}, "webhook_secret: 16-256 characters"),
     ("avito", {"client_id": "client 2"}, "client_id: must be non-empty printable ASCII"),
