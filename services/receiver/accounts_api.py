@@ -90,6 +90,14 @@ class AccountIn(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     credentials: Credentials = Credentials()
     overrides: Overrides = Overrides()
+    continue_history: bool = Field(
+        default=False,
+        description=(
+            "Take an id that was removed, or that the environment's settings answered for: its "
+            "chats and messages stay under the id, and the added account continues them (its "
+            "model calls are given them). Only when it is the same seller."
+        ),
+    )
 
     @field_validator("name")
     @classmethod
@@ -143,6 +151,27 @@ def _check_credentials(platform: str, account_id: str, credentials: dict[str, st
     problems = credential_problems(platform, account_id, credentials)
     if problems:
         raise ApiError(422, "invalid_credentials", "; ".join(problems))
+
+
+def _refuse_history(platform: str, account_id: str, old: asyncpg.Record) -> None:
+    """An id whose chats are someone else's is not handed over in silence: a removed
+    account's, or one the environment's settings answered for, keep their chats and
+    messages under the id, and an account added under it would continue them (its model
+    calls given another tenant's conversations). 409 unless ``continue_history``."""
+    if old["removed_at"] is not None:
+        whose = "was removed"
+    elif old["source"] != "admin":
+        whose = "is the environment's (CHATQ_* settings)"
+    else:
+        return  # an update of the added account itself
+    raise ApiError(
+        409,
+        "account_has_history",
+        f"the {platform} account {account_id} {whose}; its chats and messages stay under this id and "
+        "an account added under it would continue them (its model calls would be given them). Add it "
+        "under another id, or, when it is the same seller, again with continue_history "
+        "(chatq accounts add --continue-history)",
+    )
 
 
 async def _check_reply_url(settings: Settings, url: str) -> None:
@@ -213,10 +242,13 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
         )
     async with pool.acquire() as conn, conn.transaction():
         old = await conn.fetchrow(
-            "SELECT credentials, removed_at FROM accounts WHERE platform = $1 AND account_id = $2 FOR UPDATE",
+            "SELECT credentials, removed_at, source FROM accounts"
+            " WHERE platform = $1 AND account_id = $2 FOR UPDATE",
             body.platform,
             body.account_id,
         )
+        if old is not None and not body.continue_history:
+            _refuse_history(body.platform, body.account_id, old)
         credentials: dict[str, str] = {}
         if old is not None and old["credentials"] is not None:
             try:

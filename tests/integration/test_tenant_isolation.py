@@ -200,6 +200,67 @@ async def test_an_added_generic_account_from_before_without_its_own_reply_settin
     assert signed_by(SHOP3_REPLY, sent) and not signed_by(GENERIC_SECRET, sent)
 
 
+async def test_a_removed_tenants_id_is_not_handed_to_another_tenant_with_its_chats(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """On main tenant B, added as generic shop-3 after tenant A's removal, continued A's
+    chat c1: B's model call was given A's "my card ends 4242"."""
+    async with running(keyed, pool, shop3(world)) as p:
+        a = dumps(
+            {
+                **generic_message("a-1", text="tenant A: my card ends 4242", chat_id="c1"),
+                "account_id": "shop-3",
+            }
+        )
+        r = await p.client.post(
+            "/v1/webhooks/generic/shop-3", content=a, headers=signed(SHOP3_WEBHOOK, a, webhook_id="a-1")
+        )
+        assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
+        assert (await p.client.delete("/v1/accounts/generic/shop-3", headers=ADMIN)).status_code == 200
+        tenant_b = {
+            **shop3(world),
+            "name": "Tenant B",
+            "credentials": {
+                "webhook_secret": whsec(b"tenant B's own webhook key"),
+                "reply_secret": whsec(b"tenant B's own reply key"),
+                "reply_url": f"{world.url}/generic/replies",
+            },
+        }
+        refused = await p.client.post("/v1/accounts", json=tenant_b, headers=ADMIN)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "account_has_history"
+        assert "was removed" in refused.text and "continue_history" in refused.text
+        assert (await p.client.get("/v1/accounts/generic/shop-3", headers=ADMIN)).json()["state"] == "removed"
+        # The same seller coming back says so, and gets its chats back.
+        back = await p.client.post(
+            "/v1/accounts", json={**shop3(world), "continue_history": True}, headers=ADMIN
+        )
+        assert back.status_code == 200, back.text
+        assert back.json()["created"] is True and back.json()["state"] == "active"
+
+
+async def test_an_environment_senders_id_is_not_handed_to_an_added_account_with_its_chats(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """On main an added generic shop-1 (its own secrets) took over the environment's sender
+    shop-1: the row turned 'admin' and the tenant's chat c1 continued the environment's."""
+    async with running(keyed, pool) as p:
+        env = dumps(
+            {**generic_message("e-1", text="my order is SECRET-4711", chat_id="c1"), "account_id": "shop-1"}
+        )
+        r = await p.client.post(
+            "/v1/webhooks/generic", content=env, headers=signed(GENERIC_SECRET, env, webhook_id="e-1")
+        )
+        assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
+        refused = await p.client.post(
+            "/v1/accounts", json={**shop3(world), "account_id": "shop-1"}, headers=ADMIN
+        )
+    assert refused.status_code == 409, refused.text
+    assert "is the environment's" in refused.json()["error"]["message"]
+    row = await pool.fetchrow("SELECT source, credentials FROM accounts WHERE account_id = 'shop-1'")
+    assert (row["source"], row["credentials"]) == ("environment", None)
+
+
 # -- 6. Secrets are checked when they are set -----------------------------------------------
 
 BAD_CREDENTIALS = [
