@@ -6,10 +6,12 @@ Avito token is a credential of its account."""
 from __future__ import annotations
 
 import base64
+import contextlib
 import logging
 import statistics
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -424,6 +426,20 @@ async def test_a_known_and_an_unknown_generic_account_take_about_as_long_to_refu
 # -- 2. A bad key file fails closed and loud ------------------------------------------------
 
 
+@contextlib.asynccontextmanager
+async def keys_from_a_file(fast: Settings, pool: asyncpg.Pool, key_file: Path) -> AsyncIterator[Pipeline]:
+    """The pipeline with bot 5151, its key in ``key_file`` (KEY; read again every 0.2 s), every
+    service up (a reply went through all three) before the test spoils the file: a process
+    that starts with no good keys at all refuses to start instead."""
+    settings = replace(fast, secrets_key_file=str(key_file), accounts_refresh_seconds=0.2)
+    async with running(settings, pool, BOT2) as p:
+        first = await p.client.post(
+            "/v1/webhooks/telegram/5151", json=telegram_update(1, chat_id=5), headers=BOT2_SECRET
+        )
+        assert (await p.settled(first.json()["operation_id"]))["status"] == "replied"
+        yield p
+
+
 async def test_an_unparseable_key_file_keeps_the_last_good_keys_alerts_once_and_removals_still_apply(
     fast: Settings, pool: asyncpg.Pool, world: FakeWorld, tmp_path: Path, caplog: pytest.LogCaptureFixture
 ) -> None:
@@ -432,14 +448,7 @@ async def test_an_unparseable_key_file_keeps_the_last_good_keys_alerts_once_and_
     caplog.set_level(logging.INFO)
     key_file = tmp_path / "secrets.key"
     key_file.write_text(KEY)
-    settings = replace(fast, secrets_key_file=str(key_file), accounts_refresh_seconds=0.2)
-    async with running(settings, pool, BOT2) as p:
-        # Every service up (a reply went through all three) before the bad edit: a process
-        # that starts with no good keys at all refuses to start instead.
-        first = await p.client.post(
-            "/v1/webhooks/telegram/5151", json=telegram_update(1, chat_id=5), headers=BOT2_SECRET
-        )
-        assert (await p.settled(first.json()["operation_id"]))["status"] == "replied"
+    async with keys_from_a_file(fast, pool, key_file) as p:
         key_file.write_text(f"{Fernet.generate_key().decode()},not-a-key")
         await wait_for(
             lambda: metrics.SECRETS_KEY_FILE_INVALID._value.get() == 1, within=10, what="the key file refused"
@@ -475,6 +484,41 @@ async def test_an_unparseable_key_file_keeps_the_last_good_keys_alerts_once_and_
         )
         rotate = await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)
         assert rotate.status_code == 200, rotate.text
+
+
+async def test_a_key_file_that_cannot_be_read_is_reported_and_rotate_key_refuses_until_it_can(
+    fast: Settings, pool: asyncpg.Pool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On main a key file replaced by one the service cannot read (here a directory; in life
+    a root-only file, a broken symlink) was ignored: no alert, and rotate-key answered 200
+    sealing every account again under the keys of before."""
+    key_file = tmp_path / "secrets.key"
+    key_file.write_text(KEY)
+    async with keys_from_a_file(fast, pool, key_file) as p:
+        key_file.unlink()
+        key_file.mkdir()
+        await wait_for(
+            lambda: metrics.SECRETS_KEY_FILE_INVALID._value.get() == 1,
+            within=10,
+            what="the key file reported",
+        )
+        ok = await p.client.post(
+            "/v1/webhooks/telegram/5151", json=telegram_update(2, chat_id=5), headers=BOT2_SECRET
+        )
+        assert ok.status_code == 200, "the keys read before were dropped"
+        rotate = await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)
+        assert rotate.status_code == 409, rotate.text
+        assert "cannot read SECRETS_KEY_FILE: Is a directory" in rotate.json()["error"]["message"]
+        logged = [r for r in caplog.records if "cannot read SECRETS_KEY_FILE" in r.getMessage()]
+        assert 1 <= len(logged) <= 3, "said more than once by each process"  # receiver, coalescer, responder
+        key_file.rmdir()
+        key_file.write_text(KEY)
+        await wait_for(
+            lambda: metrics.SECRETS_KEY_FILE_INVALID._value.get() == 0,
+            within=10,
+            what="the key file good again",
+        )
+        assert (await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)).status_code == 200
 
 
 # -- 9. Avito tokens are credentials --------------------------------------------------------
