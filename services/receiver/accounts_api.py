@@ -308,8 +308,8 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/accounts/rotate-key")
 async def rotate_key(request: Request) -> dict[str, Any]:
-    """Seal every account's credentials again under the first SECRETS_KEY (after a new key
-    was put first), so the old key can then be dropped."""
+    """Seal every account's credentials, and every Avito access token, again under the
+    first SECRETS_KEY (after a new key was put first), so the old key can then be dropped."""
     require_admin(request)
     registry = _registry(request)
     # The key file read again first: its new first key may have been put there a moment
@@ -339,6 +339,24 @@ async def rotate_key(request: Request) -> dict[str, Any]:
                 token,
             )
             resealed += 1
+        # Avito access tokens are sealed with the same keys: under the first key too, or
+        # dropped when none opens them (asked of Avito again at the next send).
+        for t in await conn.fetch(
+            "SELECT platform, credential, sealed FROM platform_tokens WHERE sealed IS NOT NULL FOR UPDATE"
+        ):
+            try:
+                await conn.execute(
+                    "UPDATE platform_tokens SET sealed = $3 WHERE platform = $1 AND credential = $2",
+                    t["platform"],
+                    t["credential"],
+                    registry.box.rotate(t["sealed"]),
+                )
+            except SecretsUnavailable:
+                await conn.execute(
+                    "DELETE FROM platform_tokens WHERE platform = $1 AND credential = $2",
+                    t["platform"],
+                    t["credential"],
+                )
     await registry.refresh()
     return {"resealed": resealed, "unopened": unopened}
 

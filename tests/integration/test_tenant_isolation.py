@@ -20,7 +20,7 @@ import pytest
 from cryptography.fernet import Fernet
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from services.responder.platforms.avito import token_key
+from services.responder.platforms.avito import AvitoToken, token_key
 from shared import metrics
 from shared.accounts import AccountRegistry
 from shared.secretbox import SecretBox
@@ -580,6 +580,54 @@ async def test_an_avito_token_is_sealed_keyed_by_its_account_never_reused_with_a
         removed = await p.client.delete("/v1/accounts/avito/888", headers=ADMIN)
         assert removed.status_code == 200
         assert await pool.fetchval("SELECT count(*) FROM platform_tokens WHERE account_id = '888'") == 0
+
+
+async def test_after_a_key_rotation_a_new_avito_token_is_sealed_with_the_new_key_not_the_retired_one(
+    pool: asyncpg.Pool, world: FakeWorld, tmp_path: Path
+) -> None:
+    """On main AvitoToken kept the keys of its construction: after the rotation the README
+    describes (new key first, rotate-key, old key dropped) it went on sealing new tokens
+    with the retired key, so a process started with only the new key could open none."""
+    old, new = KEY, Fernet.generate_key().decode()
+    key_file = tmp_path / "k"
+    key_file.write_text(old)
+    box = SecretBox(None, str(key_file))
+    async with httpx.AsyncClient(timeout=5) as http:
+        token = AvitoToken(world.url, "client-2", "s", http, pool, account="888", box=box)
+        first = await token.get()
+        key_file.write_text(f"{new},{old}")
+        box.reload()
+        key_file.write_text(new)
+        box.reload()
+        world.expire_avito_tokens()
+        second = await token.get(stale=first)
+    assert second != first
+    sealed = bytes(await pool.fetchval("SELECT sealed FROM platform_tokens WHERE account_id = '888'"))
+    assert Fernet(new.encode()).decrypt(sealed).decode() == second
+
+
+async def test_rotate_key_seals_the_stored_avito_tokens_again_under_the_new_key(
+    fast: Settings, pool: asyncpg.Pool, world: FakeWorld, tmp_path: Path
+) -> None:
+    """On main rotate-key left every Avito token sealed under the old key: once it was
+    dropped, a token still in its life could not be opened (and a copy of the table opened
+    with the old key still gave live tokens)."""
+    new = Fernet.generate_key().decode()
+    key_file = tmp_path / "secrets.key"
+    key_file.write_text(KEY)
+    async with running(replace(fast, secrets_key_file=str(key_file)), pool, SHOP2) as p:
+        await pool.execute(
+            "INSERT INTO platform_tokens (platform, credential, account_id, sealed, expires_at)"
+            " VALUES ('avito', '888:x', '888', $1, now() + interval '1 day'),"
+            " ('avito', '777:y', '777', $2, now() + interval '1 day')",
+            Fernet(KEY.encode()).encrypt(b"tok-888"),
+            Fernet(Fernet.generate_key()).encrypt(b"tok-under-no-key-of-ours"),
+        )
+        key_file.write_text(f"{new},{KEY}")
+        assert (await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)).status_code == 200
+    rows = await pool.fetch("SELECT account_id, sealed FROM platform_tokens ORDER BY account_id")
+    assert [r["account_id"] for r in rows] == ["888"], "a token no key opens was kept"
+    assert Fernet(new.encode()).decrypt(bytes(rows[0]["sealed"])) == b"tok-888"
 
 
 def test_a_token_row_is_keyed_by_account_and_credentials_and_names_neither_client_id_nor_secret() -> None:

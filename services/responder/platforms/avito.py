@@ -82,9 +82,8 @@ class AvitoToken:
         self._url = f"{api_base.rstrip('/')}/token"
         self._account = account
         self._credential = token_key(account, client_id, client_secret)
-        self._seal: Fernet | MultiFernet = (
-            box.fernet if box is not None and box.configured else _own_key(client_id, client_secret)
-        )
+        self._box = box
+        self._own = _own_key(client_id, client_secret)
         self._form = {
             "grant_type": "client_credentials",
             "client_id": client_id,
@@ -110,6 +109,15 @@ class AvitoToken:
                 token, expires = await self._shared(stale)
             self._token, self._refresh_at = token, _refresh_time(expires)
             return token
+
+    @property
+    def _seal(self) -> Fernet | MultiFernet:
+        """The keys a token is sealed and opened with, as they are now: the box's current
+        ones (read at each use, so after a key rotation a token is sealed under the new first
+        key, never the retired one), or without the accounts' key, the client credentials' own."""
+        if self._box is not None and self._box.configured:
+            return self._box.fernet
+        return self._own
 
     @staticmethod
     def _usable(token: str | None, refresh_at: float, stale: str | None) -> bool:
