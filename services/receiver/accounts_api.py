@@ -192,6 +192,54 @@ def _is_environments_path(request: Request, secret: str) -> bool:
     return env is not None and hmac.compare_digest(secret.encode(), env.encode())
 
 
+#: The environment's secrets an added account may not be given: with the environment's
+#: generic reply secret its replies would carry signatures the environment's endpoint
+#: takes; with a webhook secret of the environment's, that key would open an environment's
+#: path too. (An Avito path secret: ``_is_environments_path``.)
+ENVIRONMENT_SECRETS = (
+    ("generic_webhook_secret", "CHATQ_GENERIC_WEBHOOK_SECRET"),
+    ("generic_reply_secret", "CHATQ_GENERIC_REPLY_SECRET"),
+    ("telegram_webhook_secret", "CHATQ_TELEGRAM_WEBHOOK_SECRET"),
+    ("avito_webhook_secret", "CHATQ_AVITO_WEBHOOK_SECRET"),
+    ("alert_webhook_secret", "CHATQ_ALERT_WEBHOOK_SECRET"),
+)
+#: The credentials that are secrets shared with the other side and must be the account's own.
+OWN_SECRETS = ("webhook_secret", "reply_secret")
+
+
+def _check_secrets_are_its_own(
+    settings: Settings, registry: AccountRegistry, platform: str, account_id: str, credentials: dict[str, str]
+) -> None:
+    """409 when a webhook or reply secret is one of the environment's or another account's
+    (the reason names the setting or says "another account", never a value)."""
+    for name in OWN_SECRETS:
+        value = credentials.get(name)
+        if not value:
+            continue
+        mine = value.encode()
+        for setting, env_name in ENVIRONMENT_SECRETS:
+            env = getattr(settings, setting)
+            if env is not None and hmac.compare_digest(mine, env.get_secret_value().encode()):
+                raise ApiError(
+                    409,
+                    "secret_taken",
+                    f"{name} is the environment's {env_name}: an added account's secrets are its own",
+                )
+        for other in registry.all():
+            if not other.owns_credentials or (other.platform, other.account_id) == (platform, account_id):
+                continue
+            if any(
+                hmac.compare_digest(mine, other.credentials[n].encode())
+                for n in OWN_SECRETS
+                if other.credentials.get(n)
+            ):
+                raise ApiError(
+                    409,
+                    "secret_taken",
+                    f"{name} is another account's secret: each account's secrets are its own",
+                )
+
+
 def account_view(row: asyncpg.Record, credential_names: list[str]) -> dict[str, Any]:
     return {
         "platform": row["platform"],
@@ -265,6 +313,9 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
             raise ApiError(
                 409, "webhook_secret_taken", "the environment's Avito account has this webhook secret"
             )
+        _check_secrets_are_its_own(
+            request.app.state.settings, registry, body.platform, body.account_id, credentials
+        )
         if body.overrides.facts_file is not None and request.app.state.settings.facts_dir is None:
             raise ApiError(
                 422,

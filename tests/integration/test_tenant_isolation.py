@@ -263,6 +263,87 @@ async def test_an_environment_senders_id_is_not_handed_to_an_added_account_with_
     assert (row["source"], row["credentials"]) == ("environment", None)
 
 
+ENV_REPLY_SECRET = whsec(b"the environment's reply key")
+
+
+@pytest.mark.parametrize(
+    ("platform", "credential", "value", "named"),
+    [
+        ("generic", "reply_secret", ENV_REPLY_SECRET, "CHATQ_GENERIC_REPLY_SECRET"),
+        ("generic", "reply_secret", GENERIC_SECRET, "CHATQ_GENERIC_WEBHOOK_SECRET"),
+        ("generic", "webhook_secret", GENERIC_SECRET, "CHATQ_GENERIC_WEBHOOK_SECRET"),
+        ("generic", "webhook_secret", ENV_REPLY_SECRET, "CHATQ_GENERIC_REPLY_SECRET"),
+        ("telegram", "webhook_secret", TELEGRAM_SECRET, "CHATQ_TELEGRAM_WEBHOOK_SECRET"),
+    ],
+    ids=[
+        "reply_secret",
+        "reply_secret of the webhooks",
+        "webhook_secret",
+        "webhook_secret of the replies",
+        "telegram",
+    ],
+)
+async def test_an_added_account_cannot_be_given_a_secret_of_the_environments(
+    keyed: Settings,
+    pool: asyncpg.Pool,
+    world: FakeWorld,
+    platform: str,
+    credential: str,
+    value: str,
+    named: str,
+) -> None:
+    """On main these were added (200): with CHATQ_GENERIC_REPLY_SECRET a tenant's replies
+    carried signatures the environment's endpoint takes (point 1's replay), and an
+    environment's webhook key opened the tenant's path too."""
+    good = {"generic": shop3(world), "telegram": BOT2}[platform]
+    account = {**good, "credentials": {**good["credentials"], credential: value}}
+    async with running(replace(keyed, generic_reply_secret=ENV_REPLY_SECRET), pool) as p:
+        refused = await p.client.post("/v1/accounts", json=account, headers=ADMIN)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "secret_taken"
+    assert named in refused.text and value not in refused.text
+    assert await pool.fetchval("SELECT count(*) FROM accounts WHERE source = 'admin'") == 0
+
+
+async def test_two_added_accounts_cannot_share_a_secret(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """On main shop-4 could be given shop-3's reply_secret as its webhook key: replies
+    signed for shop-3 then opened shop-4's path."""
+    shop4 = {**shop3(world), "account_id": "shop-4", "name": "Fourth shop"}
+    async with running(keyed, pool, shop3(world)) as p:
+        taken = await p.client.post(
+            "/v1/accounts",
+            json={
+                **shop4,
+                "credentials": {
+                    **shop4["credentials"],
+                    "webhook_secret": SHOP3_REPLY,
+                    "reply_secret": whsec(b"4"),
+                },
+            },
+            headers=ADMIN,
+        )
+        own = await p.client.post(
+            "/v1/accounts",
+            json={
+                **shop4,
+                "credentials": {
+                    **shop4["credentials"],
+                    "webhook_secret": whsec(b"4w"),
+                    "reply_secret": whsec(b"4r"),
+                },
+            },
+            headers=ADMIN,
+        )
+        again = await p.client.post(
+            "/v1/accounts", json=shop3(world), headers=ADMIN
+        )  # shop-3 updated: its own
+    assert taken.status_code == 409 and "another account's secret" in taken.text, taken.text
+    assert own.status_code == 200, own.text
+    assert again.status_code == 200, again.text
+
+
 # -- 6. Secrets are checked when they are set -----------------------------------------------
 
 BAD_CREDENTIALS = [
@@ -365,7 +446,8 @@ async def test_unknown_removed_and_known_accounts_answer_alike_on_their_own_webh
     gone = {
         **BOT2,
         "account_id": "7171",
-        "credentials": {**BOT2["credentials"], "bot_token": "7171:" + "A" * 35},
+        # Its own webhook secret: two accounts may not share one.
+        "credentials": {"bot_token": "7171:" + "A" * 35, "webhook_secret": "bot-7171-own-secret-0123"},
     }
     async with running(keyed, pool, BOT2, shop3(world), gone) as p:
         client = p.client
