@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.responder.llm import FACTS_FILE_NAME
-from shared.accounts import CREDENTIALS, OVERRIDES, REQUIRED, AccountRegistry, path_key
+from shared.accounts import CREDENTIALS, OVERRIDES, REQUIRED, AccountRegistry, account_problems, path_key
 from shared.connect import ConnectError, connect_avito, connect_telegram
 from shared.credentials import credential_problems
 from shared.db import one
@@ -469,6 +469,7 @@ async def resume_account(platform: str, account_id: str, request: Request) -> di
     require_admin(request)
     pool: asyncpg.Pool = request.app.state.pool
     await _row(pool, platform, account_id)
+    _refuse_unservable(_registry(request), platform, account_id)
     await pool.execute(
         """
         UPDATE accounts SET state = CASE WHEN state = 'paused_by_person' THEN 'active' ELSE state END,
@@ -484,6 +485,30 @@ async def resume_account(platform: str, account_id: str, request: Request) -> di
     row = await _row(pool, platform, account_id)
     await _registry(request).refresh_account(platform, account_id)
     return account_view(row, _names(_registry(request), row))
+
+
+def _refuse_unservable(registry: AccountRegistry, platform: str, account_id: str) -> None:
+    """An added account that cannot send (a credential missing or without its format, a row
+    from before they were checked; or its credentials no key opens) is not resumed: its
+    waiting replies would fail for good. 409 naming what is missing; they keep waiting."""
+    account = registry.get(platform, account_id)
+    if account is None or not account.owns_credentials:
+        return
+    if account.sealed is not None:
+        raise ApiError(
+            409,
+            "sealed_credentials",
+            f"the {platform} account {account_id}'s credentials cannot be opened ({account.sealed}): "
+            "give every credential again, then resume it",
+        )
+    problems = account_problems(account)
+    if problems:
+        raise ApiError(
+            409,
+            "incomplete_account",
+            f"the {platform} account {account_id} cannot send: {'; '.join(problems)}. Give them with "
+            f"`chatq accounts add {platform}:{account_id} --...`, then resume it; its replies wait meanwhile",
+        )
 
 
 @router.delete("/v1/accounts/{platform}/{account_id:path}")

@@ -166,12 +166,13 @@ async def test_an_added_generic_accounts_reply_goes_to_its_own_url_even_before_t
     assert_sent_by_shop3_only(world)
 
 
-async def test_an_added_generic_account_from_before_without_its_own_reply_settings_is_paused_at_start(
+async def test_an_added_generic_account_from_before_without_its_own_reply_settings_is_paused_at_start_and_not_resumed_until_it_has_them(
     keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
 ) -> None:
     """A row an earlier release accepted (no reply_url, no reply_secret) is paused with the
     reason and the fix when the services start; its message is stored and its reply waits,
-    sent nowhere, until a person gives it its own and resumes it."""
+    sent nowhere, until a person gives it its own and resumes it (resuming it before is
+    refused with what it lacks)."""
     await insert_added(pool, "generic", "shop-3", {"webhook_secret": SHOP3_WEBHOOK})
     async with running(keyed, pool) as p:
         row = await pool.fetchrow("SELECT state, state_reason FROM accounts WHERE account_id = 'shop-3'")
@@ -194,6 +195,15 @@ async def test_an_added_generic_account_from_before_without_its_own_reply_settin
         )
         assert world.generic == [], "a reply went to the environment's endpoint"
         assert (await p.status(str(op)))["status"] == "replying"
+        # Resumed before it has them: on main a 200, and the waiting reply failed for good.
+        early = await p.client.post("/v1/accounts/generic/shop-3/resume", headers=ADMIN)
+        assert early.status_code == 409, early.text
+        assert early.json()["error"]["code"] == "incomplete_account"
+        assert "no reply_url of its own" in early.text and "no reply_secret of its own" in early.text
+        assert (
+            await pool.fetchval("SELECT state FROM accounts WHERE account_id = 'shop-3'")
+            == "paused_by_person"
+        )
         await add(p.client, shop3(world))
         resumed = await p.client.post("/v1/accounts/generic/shop-3/resume", headers=ADMIN)
         assert resumed.json()["state"] == "active"
