@@ -7,6 +7,7 @@ each accounts refresh: a rotation needs no restart."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
 from typing import NoReturn
 
@@ -49,11 +50,15 @@ class SecretBox:
         self.generation = 0
         self.reload()
 
-    def reload(self) -> None:
+    def reload(self, check: Callable[[MultiFernet], str | None] | None = None) -> None:
         """Read the keys again (the key file may have changed: a rotation). A key file that
         cannot be used while keys are in use (unreadable, empty, or not Fernet keys: a bad
         edit) keeps those keys and raises SecretsUnavailable saying why (``problem`` holds it
-        until the file is good again); with no keys yet (at start), it raises too."""
+        until the file is good again); with no keys yet (at start), it raises too.
+
+        ``check``: asked of new keys while keys are in use; a reason it gives (the new keys
+        open none of what the old ones did: the old key dropped before ``rotate-key``) makes
+        the file a bad edit too."""
         text = self._inline
         if self._file:
             try:
@@ -72,6 +77,12 @@ class SecretBox:
             fernet = MultiFernet(parse_keys(text)) if text else None
         except ValueError as exc:  # the message names the key's place, never the key
             self._unusable(f"SECRETS_KEY_FILE cannot be used: {exc}")
+        if check is not None and fernet is not None and self._fernet is not None:
+            # Asked again at each read while the file stays so: what the keys in use open
+            # changes (another process's rotate-key), and so may the answer.
+            refused = check(fernet)
+            if refused is not None:
+                self._unusable(f"SECRETS_KEY_FILE cannot be used: {refused}")
         self.problem = None
         self._fernet = fernet
         self._text = text

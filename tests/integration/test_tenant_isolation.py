@@ -613,6 +613,34 @@ async def test_a_key_file_that_cannot_be_read_is_reported_and_rotate_key_refuses
         assert (await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)).status_code == 200
 
 
+async def test_a_key_file_whose_keys_open_no_account_keeps_the_keys_in_use_and_is_reported(
+    fast: Settings, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """The operator pastes the new key and drops the old one before rotate-key: on main the
+    file was taken in silence and every account's credentials stopped opening (its webhooks
+    answered 401, its replies failed)."""
+    key_file = tmp_path / "secrets.key"
+    key_file.write_text(KEY)
+    async with keys_from_a_file(fast, pool, key_file) as p:
+        key_file.write_text(Fernet.generate_key().decode())
+        await wait_for(
+            lambda: metrics.SECRETS_KEY_FILE_INVALID._value.get() == 1, within=10, what="the key file refused"
+        )
+        after = await p.client.post(
+            "/v1/webhooks/telegram/5151", json=telegram_update(2, chat_id=5), headers=BOT2_SECRET
+        )
+        assert after.status_code == 200, "the keys in use were dropped for ones that open no account"
+        assert (await p.settled(after.json()["operation_id"]))["status"] == "replied"
+        rotate = await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)
+        assert rotate.status_code == 409 and "open none of the 1 account(s)" in rotate.text, rotate.text
+        # The new key put first and the old one kept: taken, and rotate-key goes on.
+        key_file.write_text(f"{Fernet.generate_key().decode()},{KEY}")
+        await wait_for(
+            lambda: metrics.SECRETS_KEY_FILE_INVALID._value.get() == 0, within=10, what="the key file taken"
+        )
+        assert (await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)).status_code == 200
+
+
 # -- 9. Avito tokens are credentials --------------------------------------------------------
 
 

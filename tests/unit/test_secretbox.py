@@ -122,3 +122,24 @@ def test_a_key_file_that_is_not_keys_at_start_refuses_to_start_with_the_reason(t
     keys.write_text("not-a-key-at-all-but-long-enough")
     with pytest.raises(SecretsUnavailable, match="key 1 is not a Fernet key"):
         SecretBox(key_file=str(keys))
+
+
+def test_new_keys_a_check_refuses_are_a_bad_edit_and_the_keys_in_use_stay(tmp_path: Path) -> None:
+    """The registry's check (shared.accounts): new keys that open none of what the keys in
+    use opened. Refused each time it is read, taken once the check has nothing against it."""
+    keys = tmp_path / "secrets-key"
+    keys.write_text(OLD)
+    box = SecretBox(key_file=str(keys))
+    sealed = box.seal(CREDENTIALS)
+    keys.write_text(NEW)
+    objection: list[str | None] = ["they open nothing"]
+    for _ in range(2):
+        with pytest.raises(SecretsUnavailable, match="cannot be used: they open nothing"):
+            box.reload(lambda _keys: objection[0])
+        assert box.problem is not None and "stay in use" in box.problem
+        assert box.open(sealed) == CREDENTIALS
+    objection[0] = None
+    box.reload(lambda _keys: objection[0])
+    assert box.problem is None
+    with pytest.raises(SecretsUnavailable):
+        box.open(sealed)
