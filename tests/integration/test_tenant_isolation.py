@@ -5,6 +5,7 @@ Avito token is a credential of its account."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
 import contextlib
 import logging
@@ -748,6 +749,36 @@ async def test_rotate_key_seals_the_stored_avito_tokens_again_under_the_new_key(
     rows = await pool.fetch("SELECT account_id, sealed FROM platform_tokens ORDER BY account_id")
     assert [r["account_id"] for r in rows] == ["888"], "a token no key opens was kept"
     assert Fernet(new.encode()).decrypt(bytes(rows[0]["sealed"])) == b"tok-888"
+
+
+async def test_a_token_being_fetched_when_its_account_is_removed_is_not_stored_after_the_removal(
+    pool: asyncpg.Pool,
+) -> None:
+    """On main the removal deleted the account's tokens while its token was being asked of
+    Avito, and the token was then stored after it, and stayed."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def avito(request: httpx.Request) -> httpx.Response:
+        entered.set()
+        await release.wait()
+        return httpx.Response(200, json={"access_token": "tok-" + uuid.uuid4().hex, "expires_in": 86400})
+
+    await pool.execute(
+        "INSERT INTO accounts (platform, account_id, name, source) VALUES ('avito', '888', 'shop', 'environment')"
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(avito), timeout=5) as http:
+        token = AvitoToken(
+            "http://avito.test", "client-2", "s", http, pool, account="888", box=SecretBox(KEY)
+        )
+        fetching = asyncio.create_task(token.get())
+        await asyncio.wait_for(entered.wait(), 5)
+        # DELETE /v1/accounts/avito/888 meanwhile (its statements: services/receiver/accounts_api.py).
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("UPDATE accounts SET removed_at = now() WHERE account_id = '888'")
+            await conn.execute("DELETE FROM platform_tokens WHERE platform = 'avito' AND account_id = '888'")
+        release.set()
+        assert (await fetching).startswith("tok-")
+    assert await pool.fetchval("SELECT count(*) FROM platform_tokens WHERE account_id = '888'") == 0
 
 
 def test_a_token_row_is_keyed_by_account_and_credentials_and_names_neither_client_id_nor_secret() -> None:

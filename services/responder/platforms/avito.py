@@ -149,6 +149,10 @@ class AvitoToken:
                 if known and self._usable(known[0], _refresh_time(known[1]), stale):
                     return known
                 token, expires = await self._request()
+                if self._account is not None and await conn.fetchval(_REMOVED, self._account):
+                    # Removed while its token was asked for: the removal deleted its tokens,
+                    # and this one is not stored after it (nothing sends for it any more).
+                    return token, expires
                 await conn.execute(
                     """
                     INSERT INTO platform_tokens (platform, credential, account_id, sealed, expires_at)
@@ -196,6 +200,13 @@ class AvitoToken:
         logger.info("Avito access token refreshed (valid %.0fs)", life)
         return token, time.time() + life
 
+
+#: Whether the account was removed, its row locked until the token is stored: a removal
+#: (services/receiver/accounts_api.py: the row updated, then its tokens deleted) that
+#: commits first is seen here; one that comes later waits, then deletes this token too.
+_REMOVED = """
+SELECT removed_at IS NOT NULL FROM accounts WHERE platform = 'avito' AND account_id = $1 FOR SHARE
+"""
 
 _READ_TOKEN = """
 SELECT sealed, extract(epoch FROM expires_at)::float8 AS expires
