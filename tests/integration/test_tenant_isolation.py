@@ -516,6 +516,26 @@ async def test_a_known_and_an_unknown_generic_account_take_about_as_long_to_refu
     assert 0.5 < unknown / known < 2.0, (known, unknown)
 
 
+async def test_a_known_generic_accounts_verifier_is_built_once_not_at_every_request(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On main each request to a known account checked its key's format and built its
+    verifier (some microseconds the decoy of an unknown account does not spend)."""
+    from services.receiver.webhooks import generic
+
+    built: list[str | None] = []
+    build = generic.verifier
+    monkeypatch.setattr(generic, "verifier", lambda secret: (built.append(secret), build(secret))[1])
+    async with running(keyed, pool, shop3(world)) as p:
+        built.clear()
+        for n in range(3):
+            body = dumps({**generic_message(f"f-{n}"), "account_id": "shop-3"})
+            forged = signed(whsec(b"an attacker's own key"), body, webhook_id=f"f-{n}")
+            r = await p.client.post("/v1/webhooks/generic/shop-3", content=body, headers=forged)
+            assert r.status_code == 401, r.text
+    assert built == [SHOP3_WEBHOOK]
+
+
 # -- 2. A bad key file fails closed and loud ------------------------------------------------
 
 
