@@ -213,6 +213,23 @@ async def test_an_added_generic_account_from_before_without_its_own_reply_settin
     assert signed_by(SHOP3_REPLY, sent) and not signed_by(GENERIC_SECRET, sent)
 
 
+async def test_an_added_account_whose_credentials_no_key_opens_is_not_resumed(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """Paused by a person, its credentials sealed under a key no service has: on main the
+    resume answered 200 and its waiting replies then failed for good."""
+    await pool.execute(
+        "INSERT INTO accounts (platform, account_id, name, source, credentials, state, state_reason)"
+        " VALUES ('generic', 'shop-3', 'old', 'admin', $1, 'paused_by_person', 'paused by admin: r')",
+        SecretBox(Fernet.generate_key().decode()).seal(shop3(world)["credentials"]),
+    )
+    async with running(keyed, pool) as p:
+        refused = await p.client.post("/v1/accounts/generic/shop-3/resume", headers=ADMIN)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "sealed_credentials"
+    assert await pool.fetchval("SELECT state FROM accounts WHERE account_id = 'shop-3'") == "paused_by_person"
+
+
 async def test_a_removed_tenants_id_is_not_handed_to_another_tenant_with_its_chats(
     keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
 ) -> None:
