@@ -34,6 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 import asyncpg
+from cryptography.fernet import InvalidToken, MultiFernet
 
 from shared import metrics
 from shared.credentials import credential_problems
@@ -281,7 +282,7 @@ class AccountRegistry:
         good again; reading the rows goes on, so a removal or a pause (which need no key)
         still applies at once."""
         try:
-            self.box.reload()
+            self.box.reload(self._opens_some)
         except SecretsUnavailable as exc:
             if str(exc) != self._key_problem:
                 logger.error("accounts: %s", exc)
@@ -297,6 +298,24 @@ class AccountRegistry:
         self._generation = self.box.generation
         self._opened.clear()  # what the old keys opened is opened again (or not) by the new
         return True
+
+    def _opens_some(self, keys: MultiFernet) -> str | None:
+        """Why new keys are a bad edit: they open none of the accounts' credentials the keys
+        in use opened (the old key dropped before ``rotate-key``: every account would stop
+        being served). None: they open at least one, or there is none to open."""
+        sealed = [token for token, _ in self._opened.values()]
+        for token in sealed:
+            try:
+                keys.decrypt(token)
+            except InvalidToken:
+                continue
+            return None
+        if not sealed:
+            return None
+        return (
+            f"its keys open none of the {len(sealed)} account(s) the keys in use open (was the old "
+            "key dropped before `chatq accounts rotate-key`? put it back after the new one)"
+        )
 
     async def refresh(self) -> None:
         """Read every account again (and the key file, during a rotation): at start, every

@@ -341,6 +341,7 @@ def _accounts(api: Api, args: argparse.Namespace) -> str:
                 "name": args.name or f"{platform} {account_id}",
                 "credentials": credentials,
                 "overrides": overrides,
+                **({"continue_history": True} if args.continue_history else {}),
             },
         )
         head = "added" if a.get("created") else "updated"
@@ -496,6 +497,11 @@ def parser() -> argparse.ArgumentParser:
         "--unreadable-messages",
         choices=["person", "answer"],
         help="a voice note or file without words: hand it to a person, or let the bot answer it",
+    )
+    s.add_argument(
+        "--continue-history",
+        action="store_true",
+        help="add: take an id that was removed or is the environment's, with its chats (the same seller only)",
     )
     s.add_argument("--reason", help="pause: why (shown with the account)")
     s.add_argument("--by", help="pause: who")

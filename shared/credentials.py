@@ -14,22 +14,26 @@ import binascii
 import re
 from urllib.parse import urlsplit
 
+# Every format below is checked with ``fullmatch``: ``re.match`` with ``^...$`` took a value
+# with a line break at its end (``$`` matches before a final "\n"), and ``\d`` would take
+# any Unicode digit.
+
 #: A Standard Webhooks key: ``whsec_`` then standard base64 (A-Z a-z 0-9 + /, padding
 #: optional) of 24 to 64 bytes (the specification's "between 24 and 64 bytes").
 WHSEC_PREFIX = "whsec_"
-_BASE64 = re.compile(r"^[A-Za-z0-9+/]+={0,2}$")
+_BASE64 = re.compile(r"[A-Za-z0-9+/]+={0,2}")
 WHSEC_MIN_BYTES, WHSEC_MAX_BYTES = 24, 64
 MAKE_WHSEC = "make one with: python3 -c 'import base64,os; print(\"whsec_\" + base64.b64encode(os.urandom(32)).decode())'"
 
 #: A Telegram bot token: the bot's id, a colon, then Telegram's 35 characters (20-100 taken).
-_BOT_TOKEN = re.compile(r"^\d{1,20}:[A-Za-z0-9_\-]{20,100}$")
+_BOT_TOKEN = re.compile(r"[0-9]{1,20}:[A-Za-z0-9_\-]{20,100}")
 #: setWebhook's secret_token: Telegram's rule, and at least 16 characters.
-_TELEGRAM_SECRET = re.compile(r"^[A-Za-z0-9_\-]{16,256}$")
+_TELEGRAM_SECRET = re.compile(r"[A-Za-z0-9_\-]{16,256}")
 #: An Avito webhook path secret: one URL path segment.
-_PATH_SECRET = re.compile(r"^[A-Za-z0-9_\-]{16,128}$")
+_PATH_SECRET = re.compile(r"[A-Za-z0-9_\-]{16,128}")
 #: Avito's client id and secret: printable ASCII without spaces (what Avito issues; a
 #: space or line break pasted with one would be sent and refused far from here).
-_CLIENT_VALUE = re.compile(r"^[\x21-\x7e]+$")
+_CLIENT_VALUE = re.compile(r"[\x21-\x7e]+")
 
 
 def whsec_problem(secret: str) -> str | None:
@@ -40,7 +44,7 @@ def whsec_problem(secret: str) -> str | None:
     if not secret.startswith(WHSEC_PREFIX):
         return f"must start with {WHSEC_PREFIX} (a Standard Webhooks key)"
     body = secret[len(WHSEC_PREFIX) :]
-    if not _BASE64.match(body):
+    if not _BASE64.fullmatch(body):
         outside = sum(1 for c in body.rstrip("=") if not (c.isascii() and (c.isalnum() or c in "+/")))
         return (
             f"after {WHSEC_PREFIX}, must be standard base64 (A-Z a-z 0-9 + /, = padding at the end); "
@@ -92,12 +96,12 @@ def credential_problems(platform: str, account_id: str, credentials: dict[str, s
 
     for name, value in credentials.items():
         if name == "bot_token":
-            if not _BOT_TOKEN.match(value):
+            if not _BOT_TOKEN.fullmatch(value):
                 check(name, "must be a Telegram bot token, <bot id>:<20-100 characters of A-Z a-z 0-9 _ ->")
             elif value.split(":", 1)[0] != account_id:
                 check(name, "is another bot's: its id (before the colon) is not the account id")
         elif name in ("client_id", "client_secret"):
-            if not _CLIENT_VALUE.match(value):
+            if not _CLIENT_VALUE.fullmatch(value):
                 check(name, "must be non-empty printable ASCII without spaces (as Avito issues it)")
         elif name == "reply_url":
             check(name, url_problem(value))
@@ -106,8 +110,8 @@ def credential_problems(platform: str, account_id: str, credentials: dict[str, s
         elif name == "webhook_secret":
             if platform == "generic":
                 check(name, whsec_problem(value))
-            elif platform == "telegram" and not _TELEGRAM_SECRET.match(value):
+            elif platform == "telegram" and not _TELEGRAM_SECRET.fullmatch(value):
                 check(name, "16-256 characters of A-Z a-z 0-9 _ - (Telegram's rule for secret_token)")
-            elif platform == "avito" and not _PATH_SECRET.match(value):
+            elif platform == "avito" and not _PATH_SECRET.fullmatch(value):
                 check(name, "16-128 characters of A-Z a-z 0-9 _ - (a URL path)")
     return problems

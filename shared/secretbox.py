@@ -7,7 +7,9 @@ each accounts refresh: a rotation needs no restart."""
 from __future__ import annotations
 
 import json
+from collections.abc import Callable
 from pathlib import Path
+from typing import NoReturn
 
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
@@ -48,34 +50,52 @@ class SecretBox:
         self.generation = 0
         self.reload()
 
-    def reload(self) -> None:
+    def reload(self, check: Callable[[MultiFernet], str | None] | None = None) -> None:
         """Read the keys again (the key file may have changed: a rotation). A key file that
-        cannot be used while keys are in use (unreadable, or not Fernet keys: a bad edit)
-        keeps those keys and raises SecretsUnavailable saying why (``problem`` holds it until
-        the file is good again); with no keys yet (at start), it raises too."""
+        cannot be used while keys are in use (unreadable, empty, or not Fernet keys: a bad
+        edit) keeps those keys and raises SecretsUnavailable saying why (``problem`` holds it
+        until the file is good again); with no keys yet (at start), it raises too.
+
+        ``check``: asked of new keys while keys are in use; a reason it gives (the new keys
+        open none of what the old ones did: the old key dropped before ``rotate-key``) makes
+        the file a bad edit too."""
         text = self._inline
         if self._file:
             try:
                 text = Path(self._file).read_text()
-            except OSError as exc:
-                if self._fernet is not None:
-                    return  # keep the keys in use; the file is being replaced
-                raise SecretsUnavailable(f"cannot read SECRETS_KEY_FILE: {exc.strerror}") from None
+            except (OSError, UnicodeDecodeError) as exc:
+                why = exc.strerror if isinstance(exc, OSError) and exc.strerror else type(exc).__name__
+                self._unusable(f"cannot read SECRETS_KEY_FILE: {why}")
             if not text.strip() and self._fernet is not None:
-                return  # caught empty while it is rewritten: keep the keys in use
+                # Caught empty while it is rewritten, or emptied: the keys in use stay, and it
+                # is said (a rotation must not seal again under the keys of before).
+                self._unusable("SECRETS_KEY_FILE is empty")
         if self.generation and text == self._text:
             self.problem = None  # the keys in use, again (after a bad edit was undone)
             return  # the same keys: what they opened stays open
         try:
             fernet = MultiFernet(parse_keys(text)) if text else None
         except ValueError as exc:  # the message names the key's place, never the key
-            kept = "; the keys read before stay in use" if self._fernet is not None else ""
-            self.problem = f"SECRETS_KEY_FILE cannot be used: {exc}{kept}"
-            raise SecretsUnavailable(self.problem) from None
+            self._unusable(f"SECRETS_KEY_FILE cannot be used: {exc}")
+        if check is not None and fernet is not None and self._fernet is not None:
+            # Asked again at each read while the file stays so: what the keys in use open
+            # changes (another process's rotate-key), and so may the answer.
+            refused = check(fernet)
+            if refused is not None:
+                self._unusable(f"SECRETS_KEY_FILE cannot be used: {refused}")
         self.problem = None
         self._fernet = fernet
         self._text = text
         self.generation += 1
+
+    def _unusable(self, why: str) -> NoReturn:
+        """The key file read cannot be used: with keys in use they stay, and ``problem``
+        says why until the file is good again; with none yet (at start) the process has no
+        keys. Raises SecretsUnavailable either way."""
+        if self._fernet is not None:
+            self.problem = f"{why}; the keys read before stay in use"
+            raise SecretsUnavailable(self.problem)
+        raise SecretsUnavailable(why)
 
     @property
     def configured(self) -> bool:

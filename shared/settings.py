@@ -14,6 +14,7 @@ from urllib.parse import unquote, urlsplit
 from pydantic import Field, SecretStr, field_validator, model_validator
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from shared.credentials import MAKE_WHSEC, whsec_problem
 from shared.messages import JobCaps, PromptBounds
 from shared.reply_url import ReplyUrlPolicy, parse_networks
 
@@ -32,6 +33,9 @@ GUARDED_SECRETS = (
     "secrets_key",
 )
 MIN_SECRET_LENGTH = 16
+# Secrets the standardwebhooks library signs or verifies with: Standard Webhooks keys
+# (shared.credentials.whsec_problem), checked when the settings are read.
+STANDARD_WEBHOOKS_SECRETS = ("generic_webhook_secret", "generic_reply_secret", "alert_webhook_secret")
 # What the example files and tutorials put where a secret goes (compared lower-case).
 PLACEHOLDER_MARKS = ("change-me", "changeme", "change_me", "placeholder", "example", "your-", "xxxx")
 # A random value of 16 characters from a 64-symbol alphabet has fewer than 8 distinct ones
@@ -428,6 +432,13 @@ class Settings(BaseSettings):
             problems = self._production_problems()
             if problems:
                 raise ValueError(self._production_refusal(problems))
+        # After the production guards, which say first that a value is a placeholder.
+        for setting in STANDARD_WEBHOOKS_SECRETS:
+            value = getattr(self, setting)
+            if value is not None and (why := whsec_problem(value.get_secret_value())):
+                # The library would drop what is not base64 in silence (a weaker key) or fail
+                # at the first request; the reason names the rule, never the value.
+                raise ValueError(f"CHATQ_{setting.upper()} {why}; {MAKE_WHSEC}")
         return self
 
     def _production_problems(self) -> list[str]:

@@ -15,7 +15,7 @@ from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.responder.llm import FACTS_FILE_NAME
-from shared.accounts import CREDENTIALS, OVERRIDES, REQUIRED, AccountRegistry, path_key
+from shared.accounts import CREDENTIALS, OVERRIDES, REQUIRED, AccountRegistry, account_problems, path_key
 from shared.connect import ConnectError, connect_avito, connect_telegram
 from shared.credentials import credential_problems
 from shared.db import one
@@ -90,6 +90,14 @@ class AccountIn(BaseModel):
     name: str = Field(min_length=1, max_length=200)
     credentials: Credentials = Credentials()
     overrides: Overrides = Overrides()
+    continue_history: bool = Field(
+        default=False,
+        description=(
+            "Take an id that was removed, or that the environment's settings answered for: its "
+            "chats and messages stay under the id, and the added account continues them (its "
+            "model calls are given them). Only when it is the same seller."
+        ),
+    )
 
     @field_validator("name")
     @classmethod
@@ -145,6 +153,27 @@ def _check_credentials(platform: str, account_id: str, credentials: dict[str, st
         raise ApiError(422, "invalid_credentials", "; ".join(problems))
 
 
+def _refuse_history(platform: str, account_id: str, old: asyncpg.Record) -> None:
+    """An id whose chats are someone else's is not handed over in silence: a removed
+    account's, or one the environment's settings answered for, keep their chats and
+    messages under the id, and an account added under it would continue them (its model
+    calls given another tenant's conversations). 409 unless ``continue_history``."""
+    if old["removed_at"] is not None:
+        whose = "was removed"
+    elif old["source"] != "admin":
+        whose = "is the environment's (CHATQ_* settings)"
+    else:
+        return  # an update of the added account itself
+    raise ApiError(
+        409,
+        "account_has_history",
+        f"the {platform} account {account_id} {whose}; its chats and messages stay under this id and "
+        "an account added under it would continue them (its model calls would be given them). Add it "
+        "under another id, or, when it is the same seller, again with continue_history "
+        "(chatq accounts add --continue-history)",
+    )
+
+
 async def _check_reply_url(settings: Settings, url: str) -> None:
     """A reply_url must not reach inside the deployment (shared/reply_url.py): its host, or
     every address it resolves to now, is on the public internet, or the operator allows it.
@@ -161,6 +190,54 @@ def _is_environments_path(request: Request, secret: str) -> bool:
     settings: Settings = request.app.state.settings
     env = settings.avito_webhook_secret.get_secret_value() if settings.avito_webhook_secret else None
     return env is not None and hmac.compare_digest(secret.encode(), env.encode())
+
+
+#: The environment's secrets an added account may not be given: with the environment's
+#: generic reply secret its replies would carry signatures the environment's endpoint
+#: takes; with a webhook secret of the environment's, that key would open an environment's
+#: path too. (An Avito path secret: ``_is_environments_path``.)
+ENVIRONMENT_SECRETS = (
+    ("generic_webhook_secret", "CHATQ_GENERIC_WEBHOOK_SECRET"),
+    ("generic_reply_secret", "CHATQ_GENERIC_REPLY_SECRET"),
+    ("telegram_webhook_secret", "CHATQ_TELEGRAM_WEBHOOK_SECRET"),
+    ("avito_webhook_secret", "CHATQ_AVITO_WEBHOOK_SECRET"),
+    ("alert_webhook_secret", "CHATQ_ALERT_WEBHOOK_SECRET"),
+)
+#: The credentials that are secrets shared with the other side and must be the account's own.
+OWN_SECRETS = ("webhook_secret", "reply_secret")
+
+
+def _check_secrets_are_its_own(
+    settings: Settings, registry: AccountRegistry, platform: str, account_id: str, credentials: dict[str, str]
+) -> None:
+    """409 when a webhook or reply secret is one of the environment's or another account's
+    (the reason names the setting or says "another account", never a value)."""
+    for name in OWN_SECRETS:
+        value = credentials.get(name)
+        if not value:
+            continue
+        mine = value.encode()
+        for setting, env_name in ENVIRONMENT_SECRETS:
+            env = getattr(settings, setting)
+            if env is not None and hmac.compare_digest(mine, env.get_secret_value().encode()):
+                raise ApiError(
+                    409,
+                    "secret_taken",
+                    f"{name} is the environment's {env_name}: an added account's secrets are its own",
+                )
+        for other in registry.all():
+            if not other.owns_credentials or (other.platform, other.account_id) == (platform, account_id):
+                continue
+            if any(
+                hmac.compare_digest(mine, other.credentials[n].encode())
+                for n in OWN_SECRETS
+                if other.credentials.get(n)
+            ):
+                raise ApiError(
+                    409,
+                    "secret_taken",
+                    f"{name} is another account's secret: each account's secrets are its own",
+                )
 
 
 def account_view(row: asyncpg.Record, credential_names: list[str]) -> dict[str, Any]:
@@ -213,10 +290,13 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
         )
     async with pool.acquire() as conn, conn.transaction():
         old = await conn.fetchrow(
-            "SELECT credentials, removed_at FROM accounts WHERE platform = $1 AND account_id = $2 FOR UPDATE",
+            "SELECT credentials, removed_at, source FROM accounts"
+            " WHERE platform = $1 AND account_id = $2 FOR UPDATE",
             body.platform,
             body.account_id,
         )
+        if old is not None and not body.continue_history:
+            _refuse_history(body.platform, body.account_id, old)
         credentials: dict[str, str] = {}
         if old is not None and old["credentials"] is not None:
             try:
@@ -233,6 +313,9 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
             raise ApiError(
                 409, "webhook_secret_taken", "the environment's Avito account has this webhook secret"
             )
+        _check_secrets_are_its_own(
+            request.app.state.settings, registry, body.platform, body.account_id, credentials
+        )
         if body.overrides.facts_file is not None and request.app.state.settings.facts_dir is None:
             raise ApiError(
                 422,
@@ -276,8 +359,8 @@ async def add_account(body: AccountIn, request: Request) -> dict[str, Any]:
 
 @router.post("/v1/accounts/rotate-key")
 async def rotate_key(request: Request) -> dict[str, Any]:
-    """Seal every account's credentials again under the first SECRETS_KEY (after a new key
-    was put first), so the old key can then be dropped."""
+    """Seal every account's credentials, and every Avito access token, again under the
+    first SECRETS_KEY (after a new key was put first), so the old key can then be dropped."""
     require_admin(request)
     registry = _registry(request)
     # The key file read again first: its new first key may have been put there a moment
@@ -307,6 +390,24 @@ async def rotate_key(request: Request) -> dict[str, Any]:
                 token,
             )
             resealed += 1
+        # Avito access tokens are sealed with the same keys: under the first key too, or
+        # dropped when none opens them (asked of Avito again at the next send).
+        for t in await conn.fetch(
+            "SELECT platform, credential, sealed FROM platform_tokens WHERE sealed IS NOT NULL FOR UPDATE"
+        ):
+            try:
+                await conn.execute(
+                    "UPDATE platform_tokens SET sealed = $3 WHERE platform = $1 AND credential = $2",
+                    t["platform"],
+                    t["credential"],
+                    registry.box.rotate(t["sealed"]),
+                )
+            except SecretsUnavailable:
+                await conn.execute(
+                    "DELETE FROM platform_tokens WHERE platform = $1 AND credential = $2",
+                    t["platform"],
+                    t["credential"],
+                )
     await registry.refresh()
     return {"resealed": resealed, "unopened": unopened}
 
@@ -368,6 +469,7 @@ async def resume_account(platform: str, account_id: str, request: Request) -> di
     require_admin(request)
     pool: asyncpg.Pool = request.app.state.pool
     await _row(pool, platform, account_id)
+    _refuse_unservable(_registry(request), platform, account_id)
     await pool.execute(
         """
         UPDATE accounts SET state = CASE WHEN state = 'paused_by_person' THEN 'active' ELSE state END,
@@ -383,6 +485,30 @@ async def resume_account(platform: str, account_id: str, request: Request) -> di
     row = await _row(pool, platform, account_id)
     await _registry(request).refresh_account(platform, account_id)
     return account_view(row, _names(_registry(request), row))
+
+
+def _refuse_unservable(registry: AccountRegistry, platform: str, account_id: str) -> None:
+    """An added account that cannot send (a credential missing or without its format, a row
+    from before they were checked; or its credentials no key opens) is not resumed: its
+    waiting replies would fail for good. 409 naming what is missing; they keep waiting."""
+    account = registry.get(platform, account_id)
+    if account is None or not account.owns_credentials:
+        return
+    if account.sealed is not None:
+        raise ApiError(
+            409,
+            "sealed_credentials",
+            f"the {platform} account {account_id}'s credentials cannot be opened ({account.sealed}): "
+            "give every credential again, then resume it",
+        )
+    problems = account_problems(account)
+    if problems:
+        raise ApiError(
+            409,
+            "incomplete_account",
+            f"the {platform} account {account_id} cannot send: {'; '.join(problems)}. Give them with "
+            f"`chatq accounts add {platform}:{account_id} --...`, then resume it; its replies wait meanwhile",
+        )
 
 
 @router.delete("/v1/accounts/{platform}/{account_id:path}")

@@ -22,6 +22,7 @@ import uvicorn
 from fastapi import APIRouter, FastAPI, Request
 from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
+from standardwebhooks.webhooks import Webhook
 
 from services.responder.accounts import AccountPlatforms, build_environment_platforms
 from services.responder.ratelimit import AccountRateLimiter
@@ -249,6 +250,20 @@ def _webhook_routes(settings: Settings) -> APIRouter:
     # back, and no answer tells which accounts exist (issue 39).
     decoy_secret = secrets.token_urlsafe(32)
     decoy_verifier = generic.verifier("whsec_" + base64.b64encode(secrets.token_bytes(32)).decode())
+    #: Each added generic account's verifier, built once for its secret (a known account
+    #: then does no more work before its signature check than an unknown one's decoy).
+    verifiers: dict[str, tuple[str, Webhook]] = {}
+
+    def account_verifier(account_id: str, secret: str) -> Webhook:
+        built = verifiers.get(account_id)
+        if built is None or built[0] != secret:
+            # A secret from before they were checked that is no key: the signature is
+            # checked against nobody's key, and fails as a wrong one does.
+            webhook = generic.verifier(secret) if whsec_problem(secret) is None else decoy_verifier
+            assert webhook is not None
+            built = verifiers[account_id] = (secret, webhook)
+        return built[1]
+
     router = APIRouter()
     seen: set[tuple[str, str]] = set()
 
@@ -411,11 +426,10 @@ def _webhook_routes(settings: Settings) -> APIRouter:
     async def generic_account_webhook(account_id: str, request: Request) -> JSONResponse:
         account = registry(request).get("generic", account_id)
         secret = account.credentials.get("webhook_secret") if account is not None else None
-        if account is None or not account.owns_credentials or not secret or whsec_problem(secret):
-            # Not there, removed, or a secret from before they were checked that is no key:
-            # the signature is checked against nobody's key, and fails as a wrong one does.
+        if account is None or not account.owns_credentials or not secret:
+            verifiers.pop(account_id, None)
             return await generic_message(request, decoy_verifier, account_id)
-        return await generic_message(request, generic.verifier(secret), account_id)
+        return await generic_message(request, account_verifier(account_id, secret), account_id)
 
     return router
 

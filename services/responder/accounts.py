@@ -47,6 +47,9 @@ class FixedPlatforms:
     def names(self) -> list[str]:
         return sorted(self._platforms)
 
+    async def learn(self, platform: str, account_id: str) -> None:
+        return None
+
     async def aclose(self) -> None:
         return None
 
@@ -89,9 +92,19 @@ class AccountPlatforms:
             names |= {a.platform for a in self._registry.all() if a.owns_credentials}
         return sorted(names)
 
+    async def learn(self, platform: str, account_id: str) -> None:
+        """Read the account's row now when the registry has not heard of it (its
+        notification late or lost: the job outran it), before ``for_account``: an account
+        added a moment ago is never taken for the environment's, whose adapter would send
+        its reply to CHATQ_GENERIC_REPLY_URL signed with CHATQ_GENERIC_REPLY_SECRET. One
+        query by the primary key, only on a miss."""
+        if self._registry is not None and self._registry.get(platform, account_id) is None:
+            await self._registry.refresh_account(platform, account_id)
+
     def for_account(self, platform: str, account_id: str) -> Platform | None:
         """The adapter for the account's replies; None when the platform is not configured;
-        ``Unserved`` when the account may not send at all."""
+        ``Unserved`` when the account may not send at all. (``learn`` first: an account the
+        registry has not heard of is the environment's.)"""
         account = self._registry.get(platform, account_id) if self._registry is not None else None
         self._limiter.set_rate(
             f"{platform}:{account_id}", account.override("rate_per_second") if account else None

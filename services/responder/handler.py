@@ -151,6 +151,7 @@ class Responder:
             )
             return
         job = state.job if isinstance(state, Reconcile) else state
+        await self._platforms.learn(job.platform, job.account_id)
         try:
             platform = self._platforms.for_account(job.platform, job.account_id)
         except Unserved as unserved:
@@ -605,6 +606,7 @@ class Responder:
         resumed = 0
         async with self._store.accounts_to_probe(self._platforms.names()) as due:
             for account in due:
+                await self._platforms.learn(account["platform"], account["account_id"])
                 try:
                     platform = self._platforms.for_account(account["platform"], account["account_id"])
                 except Unserved:

@@ -5,11 +5,14 @@ Avito token is a credential of its account."""
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import contextlib
 import logging
 import statistics
 import time
 import uuid
+from collections.abc import AsyncIterator
 from pathlib import Path
 
 import asyncpg
@@ -18,8 +21,9 @@ import pytest
 from cryptography.fernet import Fernet
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from services.responder.platforms.avito import token_key
+from services.responder.platforms.avito import AvitoToken, token_key
 from shared import metrics
+from shared.accounts import AccountRegistry
 from shared.secretbox import SecretBox
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET, replace
@@ -27,7 +31,7 @@ from tests.fakes.platforms import FakeWorld
 from tests.integration.test_many_accounts import BOT2, KEY, SHOP2, SHOP2_PATH, add, running
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
-from tests.support.pipeline import ADMIN
+from tests.support.pipeline import ADMIN, Pipeline
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
@@ -71,6 +75,22 @@ def signed_by(secret: str, sent: dict) -> bool:
     except WebhookVerificationError:
         return False
     return True
+
+
+async def shop3_replied(p: Pipeline) -> None:
+    body, headers = shop3_message(1)
+    r = await p.client.post("/v1/webhooks/generic/shop-3", content=body, headers=headers)
+    assert r.status_code == 202, r.text
+    assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
+
+
+def assert_sent_by_shop3_only(world: FakeWorld) -> None:
+    """One reply, to shop-3's own reply_url, signed with its reply_secret, never with
+    CHATQ_GENERIC_REPLY_SECRET (which the account could replay into the environment's endpoint)."""
+    [sent] = world.generic
+    assert sent["account_id"] == "shop-3"
+    assert signed_by(SHOP3_REPLY, sent), "the reply is not signed with the account's own reply_secret"
+    assert not signed_by(GENERIC_SECRET, sent), "the reply carries the environment's signature"
 
 
 async def insert_added(
@@ -122,22 +142,38 @@ async def test_a_generic_accounts_reply_goes_to_its_own_url_signed_with_its_own_
     # The environment's generic replies go nowhere reachable: a fallback to them fails the reply.
     elsewhere = replace(keyed, generic_reply_url=f"{world.url}/nowhere")
     async with running(elsewhere, pool, shop3(world)) as p:
-        body, headers = shop3_message(1)
-        r = await p.client.post("/v1/webhooks/generic/shop-3", content=body, headers=headers)
-        assert r.status_code == 202, r.text
+        await shop3_replied(p)
+    assert_sent_by_shop3_only(world)
+
+
+async def test_an_added_generic_accounts_reply_goes_to_its_own_url_even_before_the_responder_hears_it_was_added(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """Its notification lost or late (a blip of the listening connection, a pooling proxy,
+    or the job outrunning the NOTIFY): on main the responder's registry did not know shop-3,
+    took it for the environment's and signed its reply with CHATQ_GENERIC_REPLY_SECRET."""
+    monkeypatch.setattr(AccountRegistry, "_notified", lambda *a: None)  # no process hears of a change
+    deaf = replace(keyed, accounts_refresh_seconds=3600)
+    async with running(deaf, pool) as p:
+        # Every service is up and has read the accounts (the environment's sender replied).
+        env = dumps({**generic_message("w-1", text="hi"), "account_id": "shop-1"})
+        r = await p.client.post(
+            "/v1/webhooks/generic", content=env, headers=signed(GENERIC_SECRET, env, webhook_id="w-1")
+        )
         assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
-    [sent] = world.generic
-    assert sent["account_id"] == "shop-3"
-    assert signed_by(SHOP3_REPLY, sent), "the reply is not signed with the account's own reply_secret"
-    assert not signed_by(GENERIC_SECRET, sent), "the reply carries the environment's signature"
+        world.generic.clear()
+        await add(p.client, shop3(world))  # the receiver reads its own change itself
+        await shop3_replied(p)
+    assert_sent_by_shop3_only(world)
 
 
-async def test_an_added_generic_account_from_before_without_its_own_reply_settings_is_paused_at_start(
+async def test_an_added_generic_account_from_before_without_its_own_reply_settings_is_paused_at_start_and_not_resumed_until_it_has_them(
     keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
 ) -> None:
     """A row an earlier release accepted (no reply_url, no reply_secret) is paused with the
     reason and the fix when the services start; its message is stored and its reply waits,
-    sent nowhere, until a person gives it its own and resumes it."""
+    sent nowhere, until a person gives it its own and resumes it (resuming it before is
+    refused with what it lacks)."""
     await insert_added(pool, "generic", "shop-3", {"webhook_secret": SHOP3_WEBHOOK})
     async with running(keyed, pool) as p:
         row = await pool.fetchrow("SELECT state, state_reason FROM accounts WHERE account_id = 'shop-3'")
@@ -160,12 +196,180 @@ async def test_an_added_generic_account_from_before_without_its_own_reply_settin
         )
         assert world.generic == [], "a reply went to the environment's endpoint"
         assert (await p.status(str(op)))["status"] == "replying"
+        # Resumed before it has them: on main a 200, and the waiting reply failed for good.
+        early = await p.client.post("/v1/accounts/generic/shop-3/resume", headers=ADMIN)
+        assert early.status_code == 409, early.text
+        assert early.json()["error"]["code"] == "incomplete_account"
+        assert "no reply_url of its own" in early.text and "no reply_secret of its own" in early.text
+        assert (
+            await pool.fetchval("SELECT state FROM accounts WHERE account_id = 'shop-3'")
+            == "paused_by_person"
+        )
         await add(p.client, shop3(world))
         resumed = await p.client.post("/v1/accounts/generic/shop-3/resume", headers=ADMIN)
         assert resumed.json()["state"] == "active"
         assert (await p.settled(str(op), within=30))["status"] == "replied"
     [sent] = world.generic
     assert signed_by(SHOP3_REPLY, sent) and not signed_by(GENERIC_SECRET, sent)
+
+
+async def test_an_added_account_whose_credentials_no_key_opens_is_not_resumed(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """Paused by a person, its credentials sealed under a key no service has: on main the
+    resume answered 200 and its waiting replies then failed for good."""
+    await pool.execute(
+        "INSERT INTO accounts (platform, account_id, name, source, credentials, state, state_reason)"
+        " VALUES ('generic', 'shop-3', 'old', 'admin', $1, 'paused_by_person', 'paused by admin: r')",
+        SecretBox(Fernet.generate_key().decode()).seal(shop3(world)["credentials"]),
+    )
+    async with running(keyed, pool) as p:
+        refused = await p.client.post("/v1/accounts/generic/shop-3/resume", headers=ADMIN)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "sealed_credentials"
+    assert await pool.fetchval("SELECT state FROM accounts WHERE account_id = 'shop-3'") == "paused_by_person"
+
+
+async def test_a_removed_tenants_id_is_not_handed_to_another_tenant_with_its_chats(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """On main tenant B, added as generic shop-3 after tenant A's removal, continued A's
+    chat c1: B's model call was given A's "my card ends 4242"."""
+    async with running(keyed, pool, shop3(world)) as p:
+        a = dumps(
+            {
+                **generic_message("a-1", text="tenant A: my card ends 4242", chat_id="c1"),
+                "account_id": "shop-3",
+            }
+        )
+        r = await p.client.post(
+            "/v1/webhooks/generic/shop-3", content=a, headers=signed(SHOP3_WEBHOOK, a, webhook_id="a-1")
+        )
+        assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
+        assert (await p.client.delete("/v1/accounts/generic/shop-3", headers=ADMIN)).status_code == 200
+        tenant_b = {
+            **shop3(world),
+            "name": "Tenant B",
+            "credentials": {
+                "webhook_secret": whsec(b"tenant B's own webhook key"),
+                "reply_secret": whsec(b"tenant B's own reply key"),
+                "reply_url": f"{world.url}/generic/replies",
+            },
+        }
+        refused = await p.client.post("/v1/accounts", json=tenant_b, headers=ADMIN)
+        assert refused.status_code == 409, refused.text
+        assert refused.json()["error"]["code"] == "account_has_history"
+        assert "was removed" in refused.text and "continue_history" in refused.text
+        assert (await p.client.get("/v1/accounts/generic/shop-3", headers=ADMIN)).json()["state"] == "removed"
+        # The same seller coming back says so, and gets its chats back.
+        back = await p.client.post(
+            "/v1/accounts", json={**shop3(world), "continue_history": True}, headers=ADMIN
+        )
+        assert back.status_code == 200, back.text
+        assert back.json()["created"] is True and back.json()["state"] == "active"
+
+
+async def test_an_environment_senders_id_is_not_handed_to_an_added_account_with_its_chats(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """On main an added generic shop-1 (its own secrets) took over the environment's sender
+    shop-1: the row turned 'admin' and the tenant's chat c1 continued the environment's."""
+    async with running(keyed, pool) as p:
+        env = dumps(
+            {**generic_message("e-1", text="my order is SECRET-4711", chat_id="c1"), "account_id": "shop-1"}
+        )
+        r = await p.client.post(
+            "/v1/webhooks/generic", content=env, headers=signed(GENERIC_SECRET, env, webhook_id="e-1")
+        )
+        assert (await p.settled(r.json()["operation_id"]))["status"] == "replied"
+        refused = await p.client.post(
+            "/v1/accounts", json={**shop3(world), "account_id": "shop-1"}, headers=ADMIN
+        )
+    assert refused.status_code == 409, refused.text
+    assert "is the environment's" in refused.json()["error"]["message"]
+    row = await pool.fetchrow("SELECT source, credentials FROM accounts WHERE account_id = 'shop-1'")
+    assert (row["source"], row["credentials"]) == ("environment", None)
+
+
+ENV_REPLY_SECRET = whsec(b"the environment's reply key")
+
+
+@pytest.mark.parametrize(
+    ("platform", "credential", "value", "named"),
+    [
+        ("generic", "reply_secret", ENV_REPLY_SECRET, "CHATQ_GENERIC_REPLY_SECRET"),
+        ("generic", "reply_secret", GENERIC_SECRET, "CHATQ_GENERIC_WEBHOOK_SECRET"),
+        ("generic", "webhook_secret", GENERIC_SECRET, "CHATQ_GENERIC_WEBHOOK_SECRET"),
+        ("generic", "webhook_secret", ENV_REPLY_SECRET, "CHATQ_GENERIC_REPLY_SECRET"),
+        ("telegram", "webhook_secret", TELEGRAM_SECRET, "CHATQ_TELEGRAM_WEBHOOK_SECRET"),
+    ],
+    ids=[
+        "reply_secret",
+        "reply_secret of the webhooks",
+        "webhook_secret",
+        "webhook_secret of the replies",
+        "telegram",
+    ],
+)
+async def test_an_added_account_cannot_be_given_a_secret_of_the_environments(
+    keyed: Settings,
+    pool: asyncpg.Pool,
+    world: FakeWorld,
+    platform: str,
+    credential: str,
+    value: str,
+    named: str,
+) -> None:
+    """On main these were added (200): with CHATQ_GENERIC_REPLY_SECRET a tenant's replies
+    carried signatures the environment's endpoint takes (point 1's replay), and an
+    environment's webhook key opened the tenant's path too."""
+    good = {"generic": shop3(world), "telegram": BOT2}[platform]
+    account = {**good, "credentials": {**good["credentials"], credential: value}}
+    async with running(replace(keyed, generic_reply_secret=ENV_REPLY_SECRET), pool) as p:
+        refused = await p.client.post("/v1/accounts", json=account, headers=ADMIN)
+    assert refused.status_code == 409, refused.text
+    assert refused.json()["error"]["code"] == "secret_taken"
+    assert named in refused.text and value not in refused.text
+    assert await pool.fetchval("SELECT count(*) FROM accounts WHERE source = 'admin'") == 0
+
+
+async def test_two_added_accounts_cannot_share_a_secret(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """On main shop-4 could be given shop-3's reply_secret as its webhook key: replies
+    signed for shop-3 then opened shop-4's path."""
+    shop4 = {**shop3(world), "account_id": "shop-4", "name": "Fourth shop"}
+    async with running(keyed, pool, shop3(world)) as p:
+        taken = await p.client.post(
+            "/v1/accounts",
+            json={
+                **shop4,
+                "credentials": {
+                    **shop4["credentials"],
+                    "webhook_secret": SHOP3_REPLY,
+                    "reply_secret": whsec(b"4"),
+                },
+            },
+            headers=ADMIN,
+        )
+        own = await p.client.post(
+            "/v1/accounts",
+            json={
+                **shop4,
+                "credentials": {
+                    **shop4["credentials"],
+                    "webhook_secret": whsec(b"4w"),
+                    "reply_secret": whsec(b"4r"),
+                },
+            },
+            headers=ADMIN,
+        )
+        again = await p.client.post(
+            "/v1/accounts", json=shop3(world), headers=ADMIN
+        )  # shop-3 updated: its own
+    assert taken.status_code == 409 and "another account's secret" in taken.text, taken.text
+    assert own.status_code == 200, own.text
+    assert again.status_code == 200, again.text
 
 
 # -- 6. Secrets are checked when they are set -----------------------------------------------
@@ -198,6 +402,13 @@ BAD_CREDENTIALS = [
     ("generic", {"reply_url": "https://user:pw@shop-3.example/r"}, "reply_url: must not carry a user"),
     ("generic", {"reply_url": "https:///replies"}, "reply_url: must name a host"),
     ("telegram", {"bot_token": "5151:short"}, "bot_token: must be a Telegram bot token"),
+    # A pasted line break: on main re.match's $ took it (and Telegram refused it far from here).
+    (
+        "telegram",
+        {"bot_token": BOT2["credentials"]["bot_token"] + "\n"},
+        "bot_token: must be a Telegram bot token",
+    ),
+    ("avito", {"client_secret": "client-2-secret\n"}, "client_secret: must be non-empty printable ASCII"),
     ("telegram", {"bot_token": "6161:AAbot-two-token-0123456789abcdef"}, "bot_token: is another bot's"),
     ("telegram", {"webhook_secret": "has spaces in it 0123456789"}, "webhook_secret: 16-256 characters"),
     ("avito", {"client_id": "client 2"}, "client_id: must be non-empty printable ASCII"),
@@ -263,7 +474,8 @@ async def test_unknown_removed_and_known_accounts_answer_alike_on_their_own_webh
     gone = {
         **BOT2,
         "account_id": "7171",
-        "credentials": {**BOT2["credentials"], "bot_token": "7171:" + "A" * 35},
+        # Its own webhook secret: two accounts may not share one.
+        "credentials": {"bot_token": "7171:" + "A" * 35, "webhook_secret": "bot-7171-own-secret-0123"},
     }
     async with running(keyed, pool, BOT2, shop3(world), gone) as p:
         client = p.client
@@ -321,7 +533,41 @@ async def test_a_known_and_an_unknown_generic_account_take_about_as_long_to_refu
     assert 0.5 < unknown / known < 2.0, (known, unknown)
 
 
+async def test_a_known_generic_accounts_verifier_is_built_once_not_at_every_request(
+    keyed: Settings, pool: asyncpg.Pool, world: FakeWorld, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """On main each request to a known account checked its key's format and built its
+    verifier (some microseconds the decoy of an unknown account does not spend)."""
+    from services.receiver.webhooks import generic
+
+    built: list[str | None] = []
+    build = generic.verifier
+    monkeypatch.setattr(generic, "verifier", lambda secret: (built.append(secret), build(secret))[1])
+    async with running(keyed, pool, shop3(world)) as p:
+        built.clear()
+        for n in range(3):
+            body = dumps({**generic_message(f"f-{n}"), "account_id": "shop-3"})
+            forged = signed(whsec(b"an attacker's own key"), body, webhook_id=f"f-{n}")
+            r = await p.client.post("/v1/webhooks/generic/shop-3", content=body, headers=forged)
+            assert r.status_code == 401, r.text
+    assert built == [SHOP3_WEBHOOK]
+
+
 # -- 2. A bad key file fails closed and loud ------------------------------------------------
+
+
+@contextlib.asynccontextmanager
+async def keys_from_a_file(fast: Settings, pool: asyncpg.Pool, key_file: Path) -> AsyncIterator[Pipeline]:
+    """The pipeline with bot 5151, its key in ``key_file`` (KEY; read again every 0.2 s), every
+    service up (a reply went through all three) before the test spoils the file: a process
+    that starts with no good keys at all refuses to start instead."""
+    settings = replace(fast, secrets_key_file=str(key_file), accounts_refresh_seconds=0.2)
+    async with running(settings, pool, BOT2) as p:
+        first = await p.client.post(
+            "/v1/webhooks/telegram/5151", json=telegram_update(1, chat_id=5), headers=BOT2_SECRET
+        )
+        assert (await p.settled(first.json()["operation_id"]))["status"] == "replied"
+        yield p
 
 
 async def test_an_unparseable_key_file_keeps_the_last_good_keys_alerts_once_and_removals_still_apply(
@@ -332,14 +578,7 @@ async def test_an_unparseable_key_file_keeps_the_last_good_keys_alerts_once_and_
     caplog.set_level(logging.INFO)
     key_file = tmp_path / "secrets.key"
     key_file.write_text(KEY)
-    settings = replace(fast, secrets_key_file=str(key_file), accounts_refresh_seconds=0.2)
-    async with running(settings, pool, BOT2) as p:
-        # Every service up (a reply went through all three) before the bad edit: a process
-        # that starts with no good keys at all refuses to start instead.
-        first = await p.client.post(
-            "/v1/webhooks/telegram/5151", json=telegram_update(1, chat_id=5), headers=BOT2_SECRET
-        )
-        assert (await p.settled(first.json()["operation_id"]))["status"] == "replied"
+    async with keys_from_a_file(fast, pool, key_file) as p:
         key_file.write_text(f"{Fernet.generate_key().decode()},not-a-key")
         await wait_for(
             lambda: metrics.SECRETS_KEY_FILE_INVALID._value.get() == 1, within=10, what="the key file refused"
@@ -375,6 +614,69 @@ async def test_an_unparseable_key_file_keeps_the_last_good_keys_alerts_once_and_
         )
         rotate = await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)
         assert rotate.status_code == 200, rotate.text
+
+
+async def test_a_key_file_that_cannot_be_read_is_reported_and_rotate_key_refuses_until_it_can(
+    fast: Settings, pool: asyncpg.Pool, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    """On main a key file replaced by one the service cannot read (here a directory; in life
+    a root-only file, a broken symlink) was ignored: no alert, and rotate-key answered 200
+    sealing every account again under the keys of before."""
+    key_file = tmp_path / "secrets.key"
+    key_file.write_text(KEY)
+    async with keys_from_a_file(fast, pool, key_file) as p:
+        key_file.unlink()
+        key_file.mkdir()
+        await wait_for(
+            lambda: metrics.SECRETS_KEY_FILE_INVALID._value.get() == 1,
+            within=10,
+            what="the key file reported",
+        )
+        ok = await p.client.post(
+            "/v1/webhooks/telegram/5151", json=telegram_update(2, chat_id=5), headers=BOT2_SECRET
+        )
+        assert ok.status_code == 200, "the keys read before were dropped"
+        rotate = await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)
+        assert rotate.status_code == 409, rotate.text
+        assert "cannot read SECRETS_KEY_FILE: Is a directory" in rotate.json()["error"]["message"]
+        logged = [r for r in caplog.records if "cannot read SECRETS_KEY_FILE" in r.getMessage()]
+        assert 1 <= len(logged) <= 3, "said more than once by each process"  # receiver, coalescer, responder
+        key_file.rmdir()
+        key_file.write_text(KEY)
+        await wait_for(
+            lambda: metrics.SECRETS_KEY_FILE_INVALID._value.get() == 0,
+            within=10,
+            what="the key file good again",
+        )
+        assert (await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)).status_code == 200
+
+
+async def test_a_key_file_whose_keys_open_no_account_keeps_the_keys_in_use_and_is_reported(
+    fast: Settings, pool: asyncpg.Pool, tmp_path: Path
+) -> None:
+    """The operator pastes the new key and drops the old one before rotate-key: on main the
+    file was taken in silence and every account's credentials stopped opening (its webhooks
+    answered 401, its replies failed)."""
+    key_file = tmp_path / "secrets.key"
+    key_file.write_text(KEY)
+    async with keys_from_a_file(fast, pool, key_file) as p:
+        key_file.write_text(Fernet.generate_key().decode())
+        await wait_for(
+            lambda: metrics.SECRETS_KEY_FILE_INVALID._value.get() == 1, within=10, what="the key file refused"
+        )
+        after = await p.client.post(
+            "/v1/webhooks/telegram/5151", json=telegram_update(2, chat_id=5), headers=BOT2_SECRET
+        )
+        assert after.status_code == 200, "the keys in use were dropped for ones that open no account"
+        assert (await p.settled(after.json()["operation_id"]))["status"] == "replied"
+        rotate = await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)
+        assert rotate.status_code == 409 and "open none of the 1 account(s)" in rotate.text, rotate.text
+        # The new key put first and the old one kept: taken, and rotate-key goes on.
+        key_file.write_text(f"{Fernet.generate_key().decode()},{KEY}")
+        await wait_for(
+            lambda: metrics.SECRETS_KEY_FILE_INVALID._value.get() == 0, within=10, what="the key file taken"
+        )
+        assert (await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)).status_code == 200
 
 
 # -- 9. Avito tokens are credentials --------------------------------------------------------
@@ -436,6 +738,84 @@ async def test_an_avito_token_is_sealed_keyed_by_its_account_never_reused_with_a
         removed = await p.client.delete("/v1/accounts/avito/888", headers=ADMIN)
         assert removed.status_code == 200
         assert await pool.fetchval("SELECT count(*) FROM platform_tokens WHERE account_id = '888'") == 0
+
+
+async def test_after_a_key_rotation_a_new_avito_token_is_sealed_with_the_new_key_not_the_retired_one(
+    pool: asyncpg.Pool, world: FakeWorld, tmp_path: Path
+) -> None:
+    """On main AvitoToken kept the keys of its construction: after the rotation the README
+    describes (new key first, rotate-key, old key dropped) it went on sealing new tokens
+    with the retired key, so a process started with only the new key could open none."""
+    old, new = KEY, Fernet.generate_key().decode()
+    key_file = tmp_path / "k"
+    key_file.write_text(old)
+    box = SecretBox(None, str(key_file))
+    async with httpx.AsyncClient(timeout=5) as http:
+        token = AvitoToken(world.url, "client-2", "s", http, pool, account="888", box=box)
+        first = await token.get()
+        key_file.write_text(f"{new},{old}")
+        box.reload()
+        key_file.write_text(new)
+        box.reload()
+        world.expire_avito_tokens()
+        second = await token.get(stale=first)
+    assert second != first
+    sealed = bytes(await pool.fetchval("SELECT sealed FROM platform_tokens WHERE account_id = '888'"))
+    assert Fernet(new.encode()).decrypt(sealed).decode() == second
+
+
+async def test_rotate_key_seals_the_stored_avito_tokens_again_under_the_new_key(
+    fast: Settings, pool: asyncpg.Pool, world: FakeWorld, tmp_path: Path
+) -> None:
+    """On main rotate-key left every Avito token sealed under the old key: once it was
+    dropped, a token still in its life could not be opened (and a copy of the table opened
+    with the old key still gave live tokens)."""
+    new = Fernet.generate_key().decode()
+    key_file = tmp_path / "secrets.key"
+    key_file.write_text(KEY)
+    async with running(replace(fast, secrets_key_file=str(key_file)), pool, SHOP2) as p:
+        await pool.execute(
+            "INSERT INTO platform_tokens (platform, credential, account_id, sealed, expires_at)"
+            " VALUES ('avito', '888:x', '888', $1, now() + interval '1 day'),"
+            " ('avito', '777:y', '777', $2, now() + interval '1 day')",
+            Fernet(KEY.encode()).encrypt(b"tok-888"),
+            Fernet(Fernet.generate_key()).encrypt(b"tok-under-no-key-of-ours"),
+        )
+        key_file.write_text(f"{new},{KEY}")
+        assert (await p.client.post("/v1/accounts/rotate-key", headers=ADMIN)).status_code == 200
+    rows = await pool.fetch("SELECT account_id, sealed FROM platform_tokens ORDER BY account_id")
+    assert [r["account_id"] for r in rows] == ["888"], "a token no key opens was kept"
+    assert Fernet(new.encode()).decrypt(bytes(rows[0]["sealed"])) == b"tok-888"
+
+
+async def test_a_token_being_fetched_when_its_account_is_removed_is_not_stored_after_the_removal(
+    pool: asyncpg.Pool,
+) -> None:
+    """On main the removal deleted the account's tokens while its token was being asked of
+    Avito, and the token was then stored after it, and stayed."""
+    entered, release = asyncio.Event(), asyncio.Event()
+
+    async def avito(request: httpx.Request) -> httpx.Response:
+        entered.set()
+        await release.wait()
+        return httpx.Response(200, json={"access_token": "tok-" + uuid.uuid4().hex, "expires_in": 86400})
+
+    await pool.execute(
+        "INSERT INTO accounts (platform, account_id, name, source) VALUES ('avito', '888', 'shop', 'environment')"
+    )
+    async with httpx.AsyncClient(transport=httpx.MockTransport(avito), timeout=5) as http:
+        token = AvitoToken(
+            "http://avito.test", "client-2", "s", http, pool, account="888", box=SecretBox(KEY)
+        )
+        fetching = asyncio.create_task(token.get())
+        await asyncio.wait_for(entered.wait(), 5)
+        # DELETE /v1/accounts/avito/888 meanwhile (its statements: services/receiver/accounts_api.py).
+        async with pool.acquire() as conn, conn.transaction():
+            await conn.execute("UPDATE accounts SET removed_at = now() WHERE account_id = '888'")
+            await conn.execute("DELETE FROM platform_tokens WHERE platform = 'avito' AND account_id = '888'")
+        release.set()
+        assert (await fetching).startswith("tok-")
+    assert await pool.fetchval("SELECT count(*) FROM platform_tokens WHERE account_id = '888'") == 0
 
 
 def test_a_token_row_is_keyed_by_account_and_credentials_and_names_neither_client_id_nor_secret() -> None:

@@ -101,3 +101,35 @@ def test_every_credential_with_a_format_is_checked_and_the_reasons_never_show_th
         "bot_token: is another bot's: its id (before the colon) is not the account id"
     ]
     assert credential_problems("generic", "g", {"webhook_secret": GOOD, "reply_secret": GOOD}) == []
+
+
+BOT_TOKEN = "5151:AAbot-two-token-0123456789abcdef"
+
+
+@pytest.mark.parametrize(
+    ("platform", "name", "value"),
+    [
+        ("telegram", "bot_token", BOT_TOKEN),
+        ("telegram", "webhook_secret", "telegram-secret-0123456789"),
+        ("avito", "client_id", "client-2"),
+        ("avito", "client_secret", "client-2-secret"),
+        ("avito", "webhook_secret", "shop2-path-secret-0123456789"),
+        ("generic", "webhook_secret", GOOD),
+        ("generic", "reply_secret", GOOD),
+    ],
+)
+@pytest.mark.parametrize("end", ["\n", "\r\n", " "], ids=["line feed", "crlf", "space"])
+def test_a_credential_with_a_line_break_or_space_at_its_end_is_refused_though_it_is_otherwise_good(
+    platform: str, name: str, value: str, end: str
+) -> None:
+    """On main re.match with ^...$ took a bot token, a Telegram or Avito webhook secret and
+    an Avito client id or secret with a "\\n" at the end ($ matches before it)."""
+    account = "5151" if platform == "telegram" else "888"
+    assert credential_problems(platform, account, {name: value}) == []
+    [problem] = credential_problems(platform, account, {name: value + end})
+    assert problem.startswith(f"{name}: ")
+
+
+def test_a_bot_id_of_other_unicode_digits_is_no_bot_token() -> None:
+    arabic = "\u0665\u0661\u0665\u0661"  # 5151 in Arabic-Indic digits: \d takes them
+    assert credential_problems("telegram", arabic, {"bot_token": arabic + BOT_TOKEN[4:]})

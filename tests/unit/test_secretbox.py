@@ -3,6 +3,7 @@ without a restart (a key file is read again), and a bad key named without showin
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -39,21 +40,40 @@ def test_a_key_file_is_read_again_so_a_rotation_needs_no_restart(tmp_path: Path)
     keys.write_text(f"{NEW}\n{OLD}\n")
     box.reload()
     assert box.open(sealed_new) == CREDENTIALS
-    keys.unlink()
-    box.reload()  # the file is being replaced: the keys in use stay
     assert box.open(sealed_new) == CREDENTIALS
 
 
-def test_a_key_file_caught_empty_while_it_is_rewritten_keeps_the_keys_in_use(tmp_path: Path) -> None:
-    """`echo NEW,OLD > file` truncates the file before it writes it: a read in between
-    must not leave the process without keys (every account's replies would fail)."""
+@pytest.mark.parametrize(
+    ("spoil", "why"),
+    [
+        (lambda keys: keys.unlink(), "cannot read SECRETS_KEY_FILE: No such file or directory"),
+        (lambda keys: (keys.unlink(), keys.mkdir()), "cannot read SECRETS_KEY_FILE: Is a directory"),
+        (lambda keys: keys.write_bytes(b"\xff\xfe"), "cannot read SECRETS_KEY_FILE: UnicodeDecodeError"),
+        # `echo NEW,OLD > file` truncates the file before it writes it.
+        (lambda keys: keys.write_text(""), "SECRETS_KEY_FILE is empty"),
+        (lambda keys: keys.write_text(" \n"), "SECRETS_KEY_FILE is empty"),
+    ],
+    ids=["gone", "a directory", "not text", "empty", "blank"],
+)
+def test_a_key_file_that_cannot_be_read_or_is_empty_keeps_the_keys_in_use_and_says_why(
+    tmp_path: Path, spoil: Callable[[Path], object], why: str
+) -> None:
+    """On main it was kept quiet (no problem, so no alert, and rotate-key sealed again
+    under the keys of before); nor may it leave the process without keys."""
     keys = tmp_path / "secrets-key"
     keys.write_text(OLD)
     box = SecretBox(key_file=str(keys))
     sealed = box.seal(CREDENTIALS)
-    keys.write_text("")
-    box.reload()
+    spoil(keys)
+    with pytest.raises(SecretsUnavailable, match=why):
+        box.reload()
+    assert box.problem == f"{why}; the keys read before stay in use"
     assert box.configured and box.open(sealed) == CREDENTIALS
+    if keys.is_dir():
+        keys.rmdir()
+    keys.write_text(OLD)  # the file back: the keys in use, again, and nothing to say
+    box.reload()
+    assert box.problem is None and box.open(sealed) == CREDENTIALS
 
 
 def test_without_a_key_nothing_is_sealed_and_the_error_says_which_setting() -> None:
@@ -102,3 +122,24 @@ def test_a_key_file_that_is_not_keys_at_start_refuses_to_start_with_the_reason(t
     keys.write_text("not-a-key-at-all-but-long-enough")
     with pytest.raises(SecretsUnavailable, match="key 1 is not a Fernet key"):
         SecretBox(key_file=str(keys))
+
+
+def test_new_keys_a_check_refuses_are_a_bad_edit_and_the_keys_in_use_stay(tmp_path: Path) -> None:
+    """The registry's check (shared.accounts): new keys that open none of what the keys in
+    use opened. Refused each time it is read, taken once the check has nothing against it."""
+    keys = tmp_path / "secrets-key"
+    keys.write_text(OLD)
+    box = SecretBox(key_file=str(keys))
+    sealed = box.seal(CREDENTIALS)
+    keys.write_text(NEW)
+    objection: list[str | None] = ["they open nothing"]
+    for _ in range(2):
+        with pytest.raises(SecretsUnavailable, match="cannot be used: they open nothing"):
+            box.reload(lambda _keys: objection[0])
+        assert box.problem is not None and "stay in use" in box.problem
+        assert box.open(sealed) == CREDENTIALS
+    objection[0] = None
+    box.reload(lambda _keys: objection[0])
+    assert box.problem is None
+    with pytest.raises(SecretsUnavailable):
+        box.open(sealed)

@@ -1,11 +1,12 @@
 from __future__ import annotations
 
+import base64
 import os
 
 import pytest
 from pydantic import ValidationError
 
-from shared.settings import Settings, placeholder_reason
+from shared.settings import STANDARD_WEBHOOKS_SECRETS, Settings, placeholder_reason
 
 pytestmark = pytest.mark.unit
 
@@ -183,6 +184,7 @@ def test_the_environment_wins_over_the_env_file(tmp_path, monkeypatch) -> None:
 # ---- placeholders ----------------------------------------------------------------------
 
 GOOD_SECRET = "k3Jq9vXw2LmP8rTz"
+GOOD_WHSEC = "whsec_" + base64.b64encode(b"k3Jq9vXw2LmP8rTz-a-random-key-01").decode()
 
 
 def production(**values: str) -> Settings:
@@ -249,9 +251,10 @@ def test_a_random_secret_is_not_a_placeholder() -> None:
     ],
 )
 def test_every_secret_the_production_guard_checks_refuses_a_placeholder(setting: str) -> None:
-    production(**{setting: GOOD_SECRET})
+    good = GOOD_WHSEC if setting in STANDARD_WEBHOOKS_SECRETS else GOOD_SECRET
+    production(**{setting: good})
     with pytest.raises(ValidationError) as refused:
-        production(**{setting: "CHANGE-ME-" + GOOD_SECRET})
+        production(**{setting: "CHANGE-ME-" + good})
     assert f"CHATQ_{setting.upper()} contains 'change-me', like a placeholder" in str(refused.value)
     assert "secrets.token_urlsafe" in str(refused.value)
     with pytest.raises(ValidationError, match=f"CHATQ_{setting.upper()} must be at least 16"):
@@ -459,3 +462,27 @@ def test_under_the_production_guards_the_receiver_requires_an_admin_port_and_the
     assert Settings(env="production", admin_port=8081, **SERVER_CREDENTIALS).receiver_problem() is None
     # Development on loopback keeps one port for everything.
     assert Settings().receiver_problem() is None
+
+
+@pytest.mark.parametrize("setting", STANDARD_WEBHOOKS_SECRETS)
+@pytest.mark.parametrize(
+    ("value", "why"),
+    [
+        # 34 URL-safe characters: the library dropped - and _ and kept a 15-byte key.
+        ("whsec_ab-cd_ef-gh_ij-kl_mn-op_qr-st-uv_wx", "a URL-safe - or _ would be dropped"),
+        (GOOD_SECRET + "-plain-random-secret", "must start with whsec_"),
+        ("whsec_" + base64.b64encode(b"sixteen-byte-key").decode(), "decodes to 16"),
+    ],
+    ids=["url-safe", "no prefix", "short"],
+)
+def test_a_standard_webhooks_secret_of_the_environment_that_is_no_key_is_refused_when_settings_are_read(
+    setting: str, value: str, why: str
+) -> None:
+    """On main CHATQ_GENERIC_WEBHOOK_SECRET, CHATQ_GENERIC_REPLY_SECRET and
+    CHATQ_ALERT_WEBHOOK_SECRET were taken as they came: the library read a secret with - or
+    _ as a shorter key, in silence."""
+    with pytest.raises(ValidationError) as refused:
+        Settings(**{setting: value})
+    assert f"CHATQ_{setting.upper()} " in str(refused.value) and why in str(refused.value)
+    assert value not in str(refused.value)
+    assert Settings(**{setting: GOOD_WHSEC})

@@ -82,9 +82,8 @@ class AvitoToken:
         self._url = f"{api_base.rstrip('/')}/token"
         self._account = account
         self._credential = token_key(account, client_id, client_secret)
-        self._seal: Fernet | MultiFernet = (
-            box.fernet if box is not None and box.configured else _own_key(client_id, client_secret)
-        )
+        self._box = box
+        self._own = _own_key(client_id, client_secret)
         self._form = {
             "grant_type": "client_credentials",
             "client_id": client_id,
@@ -110,6 +109,15 @@ class AvitoToken:
                 token, expires = await self._shared(stale)
             self._token, self._refresh_at = token, _refresh_time(expires)
             return token
+
+    @property
+    def _seal(self) -> Fernet | MultiFernet:
+        """The keys a token is sealed and opened with, as they are now: the box's current
+        ones (read at each use, so after a key rotation a token is sealed under the new first
+        key, never the retired one), or without the accounts' key, the client credentials' own."""
+        if self._box is not None and self._box.configured:
+            return self._box.fernet
+        return self._own
 
     @staticmethod
     def _usable(token: str | None, refresh_at: float, stale: str | None) -> bool:
@@ -141,6 +149,10 @@ class AvitoToken:
                 if known and self._usable(known[0], _refresh_time(known[1]), stale):
                     return known
                 token, expires = await self._request()
+                if self._account is not None and await conn.fetchval(_REMOVED, self._account):
+                    # Removed while its token was asked for: the removal deleted its tokens,
+                    # and this one is not stored after it (nothing sends for it any more).
+                    return token, expires
                 await conn.execute(
                     """
                     INSERT INTO platform_tokens (platform, credential, account_id, sealed, expires_at)
@@ -188,6 +200,13 @@ class AvitoToken:
         logger.info("Avito access token refreshed (valid %.0fs)", life)
         return token, time.time() + life
 
+
+#: Whether the account was removed, its row locked until the token is stored: a removal
+#: (services/receiver/accounts_api.py: the row updated, then its tokens deleted) that
+#: commits first is seen here; one that comes later waits, then deletes this token too.
+_REMOVED = """
+SELECT removed_at IS NOT NULL FROM accounts WHERE platform = 'avito' AND account_id = $1 FOR SHARE
+"""
 
 _READ_TOKEN = """
 SELECT sealed, extract(epoch FROM expires_at)::float8 AS expires
