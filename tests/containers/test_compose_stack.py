@@ -177,6 +177,8 @@ async def stack() -> AsyncIterator[Stack]:
         s = Stack(workdir, repo, image, world)
         s.env = {
             "POSTGRES_PASSWORD": token(), "CHATQ_DB_PASSWORD": token(), "POSTGRES_MONITOR_PASSWORD": token(),
+                "CHATQ_RECEIVER_DB_PASSWORD": token(), "CHATQ_COALESCER_DB_PASSWORD": token(),
+                "CHATQ_RESPONDER_DB_PASSWORD": token(),
             "RABBITMQ_ADMIN_USER": "admin", "RABBITMQ_ADMIN_PASSWORD": token(),
             "RABBITMQ_USER": "chatq", "RABBITMQ_PASSWORD": token(),
             "RABBITMQ_ERLANG_COOKIE": token(), "GRAFANA_ADMIN_PASSWORD": token(),
