@@ -23,7 +23,7 @@ from shared.retention import Retention
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
 
-from .service import Coalescer
+from .service import JOBS_ENDED, Coalescer
 from .sweeper import JobSweeper
 from .windows import WindowPolicy
 
@@ -91,9 +91,11 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     pool = await parts.database(settings.database_pool_size)
     metrics.create_known_series("coalescer")
     # The fair share and the overrides; never a credential (its role cannot read them).
-    registry = AccountRegistry.from_settings(pool, settings, credentials=False)
-    await registry.start()
-    parts.closing("accounts", registry)
+    # Its LISTEN connection also hears jobs end (JOBS_ENDED): the scheduler refills their
+    # accounts' fair share at once, not at its next poll.
+    registry = AccountRegistry.from_settings(
+        pool, settings, credentials=False, also_listen={JOBS_ENDED: lambda: coalescer.wake()}
+    )
     # Separate connections: a consumer's flow control never blocks the relay's publishes.
     consume_broker = parts.broker("chatq-coalescer")
     relay_broker = parts.broker("chatq-coalescer-relay")
@@ -114,6 +116,8 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         owner=settings.review_owner,
         caps=settings.job_caps(),
     )
+    await registry.start()
+    parts.closing("accounts", registry)
     consumer = inbound_consumer(consume_broker, coalescer, settings, parts.topology)
     dead = Consumer(
         consume_broker,
