@@ -17,13 +17,14 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Batching, Consumer
 from shared.broker.dead_letters import DeadLetterRecorder
 from shared.broker.topology import COALESCER_DEAD_QUEUE, COALESCER_QUEUE, JOBS_EXCHANGE, Topology
+from shared.db import JOBS_ENDED_CHANNEL
 from shared.ops_http import READINESS_SECONDS, consumer_readiness, ops_server, readiness_gauges
 from shared.outbox import Relay
 from shared.retention import Retention
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
 
-from .service import JOBS_ENDED, Coalescer
+from .service import Coalescer
 from .sweeper import JobSweeper
 from .windows import WindowPolicy
 
@@ -91,10 +92,10 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     pool = await parts.database(settings.database_pool_size)
     metrics.create_known_series("coalescer")
     # The fair share and the overrides; never a credential (its role cannot read them).
-    # Its LISTEN connection also hears jobs end (JOBS_ENDED): the scheduler refills their
+    # Its LISTEN connection also hears jobs end (JOBS_ENDED_CHANNEL): the scheduler refills their
     # accounts' fair share at once, not at its next poll.
     registry = AccountRegistry.from_settings(
-        pool, settings, credentials=False, also_listen={JOBS_ENDED: lambda: coalescer.wake()}
+        pool, settings, credentials=False, also_listen={JOBS_ENDED_CHANNEL: lambda: coalescer.wake()}
     )
     # Separate connections: a consumer's flow control never blocks the relay's publishes.
     consume_broker = parts.broker("chatq-coalescer")

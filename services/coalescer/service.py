@@ -94,8 +94,6 @@ class KeyedLocks:
                 self._locks[key] = (lock, users - 1)
 
 
-#: Postgres sends this when reply jobs end (shared/functions/40_windows_blocked.sql).
-JOBS_ENDED = "chatq_jobs_ended"
 #: The least time between two rounds of the scheduler. Woken at every job's end, it ran a
 #: round for each responder's batch of records: about 80 rounds a second at 400 replies a
 #: second, a third more of the coalescer's CPU a reply (bench.pipeline). 25 ms gathers
@@ -134,6 +132,7 @@ class Coalescer:
         self._on_jobs_emitted = on_jobs_emitted
         self._caps = caps or JobCaps()
         self._wake = asyncio.Event()
+        self._stop_requested = asyncio.Event()
         #: When the scheduler looks again unless woken (None: now, or it is backing off).
         self._sleep_until: datetime | None = None
         self._stopping = False
@@ -383,17 +382,19 @@ class Coalescer:
 
     def stop(self) -> None:
         self._stopping = True
+        self._stop_requested.set()
         self._wake.set()
 
     async def run_scheduler(self, *, poll_seconds: float = 0.5, batch: int = 200) -> None:
         """Emit windows as they fall due. Sleeps until the next due window, at most
         ``poll_seconds``. A newly filed message wakes it only when its window falls due
-        before that (see ``handle``); a job's end wakes it at once (``wake``, on the
-        JOBS_ENDED notification): the end frees a place of its account's fair share and
-        unblocks its chat's next window, so a lone account's flood is not held to a share
-        a poll. Notifications that arrive during a round make one more round. Without the
-        notification (its connection lost) the poll still sees both. After a failure it
-        backs off, and nothing cuts that short."""
+        before that (see ``handle``); a reply recorded wakes it at once (``wake``, on the
+        notification the responder sends on JOBS_ENDED_CHANNEL after its records): the
+        end frees a place of its account's fair share and unblocks its chat's next
+        window, so a lone account's flood is not held to a share a poll. Notifications
+        that arrive during a round make one more round. Other ends (a give-up, a
+        withdrawal) and a lost notification connection are the poll's. After a failure
+        it backs off, and nothing but stop() cuts that short."""
         backoff = 0.1
         loop = asyncio.get_running_loop()
         last_round = -ROUND_GAP_SECONDS
@@ -403,7 +404,10 @@ class Coalescer:
             # meanwhile together.
             gap = loop.time() - last_round
             if gap < ROUND_GAP_SECONDS:
-                await asyncio.sleep(ROUND_GAP_SECONDS - gap)
+                with contextlib.suppress(TimeoutError):
+                    await asyncio.wait_for(self._stop_requested.wait(), ROUND_GAP_SECONDS - gap)
+                if self._stopping:
+                    break
             last_round = loop.time()
             self._wake.clear()
             try:

@@ -1,4 +1,4 @@
--- chatq:release 2 sha256:ba3c5ef00b6288dd
+-- chatq:release 3 sha256:82fd5a1d20f70f1c
 -- A chat's next window waits while a reply job of the chat is in flight (pending or
 -- processing), and while the seller holds the chat (they answered in person: chats.
 -- held_until): it is opened blocked (the coalescer's filing checks, under the chat's lock)
@@ -23,13 +23,8 @@ BEGIN
 END
 $$;
 
--- A job that ends also frees a place of its account's fair share (ACCOUNT_JOBS_IN_FLIGHT):
--- NOTIFY chatq_jobs_ended tells the coalescers at the commit, so the scheduler refills the
--- share at once instead of at its next poll (COALESCER_POLL_SECONDS). Postgres sends one
--- notification a transaction however many jobs it ends (same channel, same payload).
 CREATE OR REPLACE FUNCTION chatq_unblock_chat_window() RETURNS trigger LANGUAGE plpgsql AS $$
 BEGIN
-    PERFORM pg_notify('chatq_jobs_ended', '');
     PERFORM pg_advisory_xact_lock(hashtextextended(NEW.chat_key, 0));
     UPDATE chat_windows SET blocked = false
     WHERE chat_key = NEW.chat_key AND status = 'open' AND blocked

@@ -17,9 +17,14 @@ import uuid
 import asyncpg
 import pytest
 
+from shared.accounts import AccountRegistry
+from shared.db import JOBS_ENDED_CHANNEL, announce_jobs_ended
+from shared.secretbox import SecretBox
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, replace
 from tests.fakes.platforms import FakeWorld
+from tests.support.broker import wait_for
+from tests.support.infra import Infra
 from tests.support.payloads import avito_webhook, telegram_update
 from tests.support.pipeline import TG, Pipeline
 from tests.support.receiver import running_receiver
@@ -144,3 +149,36 @@ async def test_a_jobs_end_refills_its_accounts_share_at_once_not_at_the_schedule
         assert after["created_at"] >= before["updated_at"]
         gap = (after["created_at"] - before["updated_at"]).total_seconds()
         assert gap < 2.0, f"the next job was emitted {gap:.1f} s after the previous one ended"
+
+
+async def test_the_coalescer_hears_jobs_end_again_after_its_listening_connection_was_cut(
+    infra: Infra, pool: asyncpg.Pool
+) -> None:
+    """The notification rides on the connection that listens for account changes: when
+    Postgres cuts it (a restart, a proxy), the scheduler is woken as it listens again (what
+    ended meanwhile went unheard) and hears the next end on the new connection."""
+    wakes: list[int] = []
+    registry = AccountRegistry(
+        pool,
+        SecretBox(None, None),
+        dsn=infra.database_url,
+        credentials=False,
+        also_listen={JOBS_ENDED_CHANNEL: lambda: wakes.append(1)},
+    )
+    await registry.start()
+    try:
+        assert len(wakes) == 1  # listening from the start: a round at once
+        async with pool.acquire() as conn:
+            await announce_jobs_ended(conn)
+        await wait_for(lambda: len(wakes) == 2, within=5, what="the end of a job heard")
+        listener = registry._listener
+        assert listener is not None
+        cut = listener.get_server_pid()
+        await pool.fetchval("SELECT pg_terminate_backend($1)", cut)
+        await wait_for(lambda: len(wakes) == 3, within=15, what="a wake as it listens again")
+        assert registry._listener is not None and registry._listener.get_server_pid() != cut
+        async with pool.acquire() as conn:
+            await announce_jobs_ended(conn)
+        await wait_for(lambda: len(wakes) == 4, within=5, what="the next end heard on the new connection")
+    finally:
+        await registry.stop()
