@@ -32,15 +32,23 @@ class CountedRounds(InMemoryWindows):
         return await super().seconds_to_next_due()
 
 
-async def test_a_stop_during_the_gap_between_two_rounds_ends_the_scheduler_at_once(
-    monkeypatch: pytest.MonkeyPatch,
-) -> None:
-    monkeypatch.setattr(service, "ROUND_GAP_SECONDS", 5.0)
+async def scheduler_after_its_first_round(
+    monkeypatch: pytest.MonkeyPatch, *, gap: float
+) -> tuple[CountedRounds, Coalescer, asyncio.Task[None]]:
+    """A scheduler with rounds ``gap`` seconds apart and a poll of 30 s, its first round done."""
+    monkeypatch.setattr(service, "ROUND_GAP_SECONDS", gap)
     store = CountedRounds()
     coalescer = Coalescer(store, POLICY, draw=lambda: 0.0)
     task = asyncio.create_task(coalescer.run_scheduler(poll_seconds=30.0))
+    await wait_for(lambda: store.rounds == 1, within=5, what="the first round")
+    return store, coalescer, task
+
+
+async def test_a_stop_during_the_gap_between_two_rounds_ends_the_scheduler_at_once(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    store, coalescer, task = await scheduler_after_its_first_round(monkeypatch, gap=5.0)
     try:
-        await wait_for(lambda: store.rounds == 1, within=5, what="the first round")
         coalescer.wake()  # a job ended: the next round waits out the gap
         for _ in range(5):
             await asyncio.sleep(0)  # into the gap
@@ -55,12 +63,8 @@ async def test_a_stop_during_the_gap_between_two_rounds_ends_the_scheduler_at_on
 
 
 async def test_wakes_within_the_gap_make_one_round_not_one_each(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setattr(service, "ROUND_GAP_SECONDS", 0.2)
-    store = CountedRounds()
-    coalescer = Coalescer(store, POLICY, draw=lambda: 0.0)
-    task = asyncio.create_task(coalescer.run_scheduler(poll_seconds=30.0))
+    store, coalescer, task = await scheduler_after_its_first_round(monkeypatch, gap=0.2)
     try:
-        await wait_for(lambda: store.rounds == 1, within=5, what="the first round")
         for _ in range(20):  # twenty jobs end, a notification each
             coalescer.wake()
             await asyncio.sleep(0)
