@@ -6,8 +6,10 @@ Runs, in order, each as its own process writing bench/results/<name>.json: bench
 (responder vs bare consumer), bench.coalescer (filing a backlog of 20,000 inbound messages;
 emission among 100,000 open windows), bench.blocked
 (10,000 chats behind a job in flight, the scheduler before and after), bench.pipeline
-(end to end: chatqueue, Celery, Postgres polling table, and the floor of chatqueue's
-design, bench/floor.py), bench.accounts (1,000 accounts
+(end to end: chatqueue on its default settings, with the polls shortened and with the fair
+share off; Celery and a Postgres polling table as a careful engineer tunes them, and their
+basic variants as context; and the floor of chatqueue's design, bench/floor.py, which the
+goal is a ratio to), bench.accounts (1,000 accounts
 x 10 chats, bursts together: answered once, fairness between accounts), bench.burst (10,000
 chats bursting at once with the real reply pause, 20-60 s: answered once, emission lag). The
 table and every figure go to bench/results/bench.json. Machines are shared and noisy: read the ratios.
