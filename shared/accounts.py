@@ -29,7 +29,7 @@ import contextlib
 import hashlib
 import json
 import logging
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -197,8 +197,13 @@ class AccountRegistry:
         refresh_seconds: float = 30.0,
         dsn: str | None = None,
         credentials: bool = True,
+        also_listen: Mapping[str, Callable[[], None]] | None = None,
     ) -> None:
         self._pool = pool
+        #: Other channels heard on the same connection (one LISTEN connection a process,
+        #: ``Settings.database_connections``): each calls its function when notified, and
+        #: when the connection is (re)opened, since what was sent meanwhile went unheard.
+        self._also = dict(also_listen or {})
         self._select = _SELECT if credentials else _SELECT_WITHOUT_CREDENTIALS
         self._dsn = dsn
         self.box = box
@@ -224,7 +229,12 @@ class AccountRegistry:
 
     @classmethod
     def from_settings(
-        cls, pool: asyncpg.Pool, settings: Settings, *, credentials: bool = True
+        cls,
+        pool: asyncpg.Pool,
+        settings: Settings,
+        *,
+        credentials: bool = True,
+        also_listen: Mapping[str, Callable[[], None]] | None = None,
     ) -> AccountRegistry:
         """``credentials=False``: the accounts without their credentials (never read, so
         no key is needed)."""
@@ -235,6 +245,7 @@ class AccountRegistry:
             refresh_seconds=settings.accounts_refresh_seconds,
             dsn=settings.database_url.get_secret_value(),
             credentials=credentials,
+            also_listen=also_listen,
         )
 
     def get(self, platform: str, account_id: str) -> Account | None:
@@ -402,6 +413,8 @@ class AccountRegistry:
             return False
         try:
             await listener.add_listener(CHANNEL, self._notified)
+            for channel, call in self._also.items():
+                await listener.add_listener(channel, _caller(call))
         except (OSError, asyncpg.PostgresError) as exc:
             logger.warning("accounts: LISTEN refused (%s); trying again in %gs", exc, RELISTEN_SECONDS)
             with contextlib.suppress(Exception):
@@ -409,6 +422,8 @@ class AccountRegistry:
             return False
         listener.add_termination_listener(self._lost)
         self._listener = listener
+        for call in self._also.values():
+            call()
         return True
 
     def _lost(self, _conn: object) -> None:
@@ -461,6 +476,13 @@ class AccountRegistry:
             listener.remove_termination_listener(self._lost)
             with contextlib.suppress(Exception):
                 await listener.close(timeout=2)
+
+
+def _caller(call: Callable[[], None]) -> Callable[[object, int, str, object], None]:
+    def notified(_conn: object, _pid: int, _channel: str, _payload: object) -> None:
+        call()
+
+    return notified
 
 
 def _changed(old: Account, new: Account) -> bool:

@@ -25,6 +25,28 @@ async def _keep_session(conn: asyncpg.Connection) -> None:
     Code that needs session state (LISTEN, advisory locks) takes its own connection."""
 
 
+#: The channel on which the end of reply jobs is announced: the responder after its
+#: records commit, the coalescer's scheduler listening (it refills the accounts' fair
+#: share at once, not at its next poll).
+JOBS_ENDED_CHANNEL = "chatq_jobs_ended"
+
+# A transaction of its own that only notifies, committed without waiting for its WAL flush.
+# Postgres serialises the commits of notifying transactions on one lock of the whole
+# cluster, held through the commit: sent from the record's own transaction (a trigger on
+# the job's end did so at first), every record's flush would wait for the previous one's.
+# This one holds the lock for microseconds, and a notification lost to a crash costs one poll.
+_ANNOUNCE_JOBS_ENDED = f"SET LOCAL synchronous_commit = off; SELECT pg_notify('{JOBS_ENDED_CHANNEL}', '')"
+
+
+async def announce_jobs_ended(conn: Conn) -> None:
+    """Tell the coalescers that reply jobs ended (their commit is already done). Best
+    effort: a failure is the poll's to cover, never the caller's."""
+    try:
+        await conn.execute(_ANNOUNCE_JOBS_ENDED)
+    except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):
+        pass
+
+
 def one(row: asyncpg.Record | None) -> asyncpg.Record:
     """The row of a query that always returns one (an aggregate, a function's result)."""
     if row is None:

@@ -17,6 +17,7 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Batching, Consumer
 from shared.broker.dead_letters import DeadLetterRecorder
 from shared.broker.topology import COALESCER_DEAD_QUEUE, COALESCER_QUEUE, JOBS_EXCHANGE, Topology
+from shared.db import JOBS_ENDED_CHANNEL
 from shared.ops_http import READINESS_SECONDS, consumer_readiness, ops_server, readiness_gauges
 from shared.outbox import Relay
 from shared.retention import Retention
@@ -91,9 +92,11 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     pool = await parts.database(settings.database_pool_size)
     metrics.create_known_series("coalescer")
     # The fair share and the overrides; never a credential (its role cannot read them).
-    registry = AccountRegistry.from_settings(pool, settings, credentials=False)
-    await registry.start()
-    parts.closing("accounts", registry)
+    # Its LISTEN connection also hears jobs end (JOBS_ENDED_CHANNEL): the scheduler refills their
+    # accounts' fair share at once, not at its next poll.
+    registry = AccountRegistry.from_settings(
+        pool, settings, credentials=False, also_listen={JOBS_ENDED_CHANNEL: lambda: coalescer.wake()}
+    )
     # Separate connections: a consumer's flow control never blocks the relay's publishes.
     consume_broker = parts.broker("chatq-coalescer")
     relay_broker = parts.broker("chatq-coalescer-relay")
@@ -114,6 +117,8 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         owner=settings.review_owner,
         caps=settings.job_caps(),
     )
+    await registry.start()
+    parts.closing("accounts", registry)
     consumer = inbound_consumer(consume_broker, coalescer, settings, parts.topology)
     dead = Consumer(
         consume_broker,

@@ -26,7 +26,7 @@ from asyncpg.pool import PoolConnectionProxy
 
 from shared import metrics
 from shared.broker.consumer import Outcome, Reject, classify
-from shared.db import Conn, one
+from shared.db import Conn, announce_jobs_ended, one
 from shared.messages import JobCaps
 from shared.messages import chat_key as make_chat_key
 from shared.state import account as account_state
@@ -734,9 +734,14 @@ async def _record_sent_many(
     except Exception as exc:
         if len(items) == 1 or _whole_batch_failed(exc):
             raise
-        return await _each_alone(
+        results = await _each_alone(
             items, lambda i: _fetch_one(conn, "SELECT * FROM chatq_record_sent($1, $2, $3, $4)", *i)
         )
+        if not all(isinstance(r, Exception) for r in results):
+            await announce_jobs_ended(conn)
+        return results
+    # The jobs ended: their accounts' places in the fair share are free.
+    await announce_jobs_ended(conn)
     return list(rows)
 
 

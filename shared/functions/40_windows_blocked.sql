@@ -1,4 +1,4 @@
--- chatq:release 1 sha256:82fd5a1d20f70f1c
+-- chatq:release 3 sha256:82fd5a1d20f70f1c
 -- A chat's next window waits while a reply job of the chat is in flight (pending or
 -- processing), and while the seller holds the chat (they answered in person: chats.
 -- held_until): it is opened blocked (the coalescer's filing checks, under the chat's lock)

@@ -10,15 +10,21 @@ late behind the flood in the inbound queue waits that much less."""
 from __future__ import annotations
 
 import asyncio
+import itertools
 import time
 import uuid
 
 import asyncpg
 import pytest
 
+from shared.accounts import AccountRegistry
+from shared.db import JOBS_ENDED_CHANNEL, announce_jobs_ended
+from shared.secretbox import SecretBox
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, replace
 from tests.fakes.platforms import FakeWorld
+from tests.support.broker import wait_for
+from tests.support.infra import Infra
 from tests.support.payloads import avito_webhook, telegram_update
 from tests.support.pipeline import TG, Pipeline
 from tests.support.receiver import running_receiver
@@ -102,3 +108,77 @@ async def test_one_accounts_flood_of_5000_does_not_delay_another_accounts_single
     # (FIFO, shared by every account) took longer than the pause to file it behind the
     # flood; then soon after it was filed (one emission round under this load).
     assert flooded["replied"] <= max(usual["replied"], flooded["filed"]) + 10.0
+
+
+async def test_a_jobs_end_refills_its_accounts_share_at_once_not_at_the_schedulers_next_poll(
+    fast: Settings, pool: asyncpg.Pool, world: FakeWorld
+) -> None:
+    """Issue 43: a lone account's flood ran at its share a poll (16 jobs every 0.5 s, about
+    160 replies a second) however fast the pipeline was. Now a job's end is notified
+    (NOTIFY chatq_jobs_ended) and the scheduler refills the share at once. With a share of
+    one and a poll of 30 s, three messages of one account are answered one after another,
+    each job emitted right after the previous one ended; at the poll's pace the second
+    would wait up to 30 s."""
+    settings = replace(
+        fast,
+        account_jobs_in_flight=1,
+        platform_rate_per_second=1.0,  # its alone share is 1 too (Settings.account_jobs_alone)
+        coalescer_poll_seconds=30.0,
+    )
+    assert settings.account_jobs_alone() == 1
+    async with (
+        running_receiver(settings) as (_, client),
+        running_coalescers(settings),
+        running_responders(settings),
+    ):
+        p = Pipeline(client, pool)
+        ops = []
+        for n in range(3):
+            r = await client.post(
+                "/v1/webhooks/telegram", json=telegram_update(900 + n, chat_id=9_000 + n), headers=TG
+            )
+            ops.append(r.json()["operation_id"])
+        for op in ops:
+            assert (await p.settled(op, within=20))["status"] == "replied"
+    jobs = await pool.fetch(
+        "SELECT j.created_at, j.updated_at FROM reply_jobs j WHERE j.status = 'sent' ORDER BY j.created_at"
+    )
+    assert len(jobs) == 3
+    for before, after in itertools.pairwise(jobs):
+        # Held by the share of one until the previous job ended, then emitted at once.
+        assert after["created_at"] >= before["updated_at"]
+        gap = (after["created_at"] - before["updated_at"]).total_seconds()
+        assert gap < 2.0, f"the next job was emitted {gap:.1f} s after the previous one ended"
+
+
+async def test_the_coalescer_hears_jobs_end_again_after_its_listening_connection_was_cut(
+    infra: Infra, pool: asyncpg.Pool
+) -> None:
+    """The notification rides on the connection that listens for account changes: when
+    Postgres cuts it (a restart, a proxy), the scheduler is woken as it listens again (what
+    ended meanwhile went unheard) and hears the next end on the new connection."""
+    wakes: list[int] = []
+    registry = AccountRegistry(
+        pool,
+        SecretBox(None, None),
+        dsn=infra.database_url,
+        credentials=False,
+        also_listen={JOBS_ENDED_CHANNEL: lambda: wakes.append(1)},
+    )
+    await registry.start()
+    try:
+        assert len(wakes) == 1  # listening from the start: a round at once
+        async with pool.acquire() as conn:
+            await announce_jobs_ended(conn)
+        await wait_for(lambda: len(wakes) == 2, within=5, what="the end of a job heard")
+        listener = registry._listener
+        assert listener is not None
+        cut = listener.get_server_pid()
+        await pool.fetchval("SELECT pg_terminate_backend($1)", cut)
+        await wait_for(lambda: len(wakes) == 3, within=15, what="a wake as it listens again")
+        assert registry._listener is not None and registry._listener.get_server_pid() != cut
+        async with pool.acquire() as conn:
+            await announce_jobs_ended(conn)
+        await wait_for(lambda: len(wakes) == 4, within=5, what="the next end heard on the new connection")
+    finally:
+        await registry.stop()
