@@ -102,7 +102,7 @@ tools-bench:
 	@command -v pgbench >/dev/null || { echo "pgbench not found (postgresql-client)"; exit 1; }
 
 # Every benchmark in one run, then one table (figure, reference in the same run, ratio,
-# goal); JSON in bench/results/. About 13-14 minutes on 2026-11-30 with its eight steps
+# goal); JSON in bench/results/. About 13 minutes on 2026-12-06 with its eight steps
 # (README's make bench row has each one's); each step prints its own duration.
 bench: install services-check tools-bench
 	$(BIN)/python -m bench

@@ -422,8 +422,8 @@ class AccountRegistry:
             return False
         listener.add_termination_listener(self._lost)
         self._listener = listener
-        for call in self._also.values():
-            call()
+        for channel, call in self._also.items():
+            _call_safely(channel, call)
         return True
 
     def _lost(self, _conn: object) -> None:
@@ -479,10 +479,18 @@ class AccountRegistry:
 
 
 def _caller(call: Callable[[], None]) -> Callable[[object, int, str, object], None]:
-    def notified(_conn: object, _pid: int, _channel: str, _payload: object) -> None:
-        call()
+    def notified(_conn: object, _pid: int, channel: str, _payload: object) -> None:
+        _call_safely(channel, call)
 
     return notified
+
+
+def _call_safely(channel: str, call: Callable[[], None]) -> None:
+    """A listener's function, whose failure is logged, never the accounts' refresh's."""
+    try:
+        call()
+    except Exception:
+        logger.exception("accounts: the listener of %s failed", channel)
 
 
 def _changed(old: Account, new: Account) -> bool:
