@@ -40,7 +40,10 @@ _ANNOUNCE_JOBS_ENDED = f"SET LOCAL synchronous_commit = off; SELECT pg_notify('{
 
 async def announce_jobs_ended(conn: Conn) -> None:
     """Tell the coalescers that reply jobs ended (their commit is already done). Best
-    effort: a failure is the poll's to cover, never the caller's."""
+    effort: a failure is the poll's to cover, never the caller's. Never inside a
+    transaction: its SET LOCAL would commit that transaction without waiting for its flush."""
+    if conn.is_in_transaction():
+        raise RuntimeError("announce_jobs_ended runs after the commit, outside any transaction")
     try:
         await conn.execute(_ANNOUNCE_JOBS_ENDED)
     except (OSError, asyncpg.PostgresError, asyncpg.InterfaceError):

@@ -726,8 +726,9 @@ async def _record_sent_many(
     """chatq_record_sent for each job, in one statement that releases the jobs' locks
     only once every record is in (chatq_record_sent_many); if it fails, each job is
     recorded alone."""
+    results: Sequence[asyncpg.Record | Exception]
     try:
-        rows = await conn.fetch(
+        results = await conn.fetch(
             "SELECT * FROM chatq_record_sent_many($1, $2, $3, $4) ORDER BY i",
             *([i[n] for i in items] for n in range(4)),
         )
@@ -737,12 +738,10 @@ async def _record_sent_many(
         results = await _each_alone(
             items, lambda i: _fetch_one(conn, "SELECT * FROM chatq_record_sent($1, $2, $3, $4)", *i)
         )
-        if not all(isinstance(r, Exception) for r in results):
-            await announce_jobs_ended(conn)
-        return results
-    # The jobs ended: their accounts' places in the fair share are free.
-    await announce_jobs_ended(conn)
-    return list(rows)
+    if not all(isinstance(r, Exception) for r in results):
+        # Jobs ended: their accounts' places in the fair share are free.
+        await announce_jobs_ended(conn)
+    return list(results)
 
 
 async def _fetch_one(conn: Conn, query: str, *args: object) -> asyncpg.Record:

@@ -182,3 +182,14 @@ async def test_the_coalescer_hears_jobs_end_again_after_its_listening_connection
         await wait_for(lambda: len(wakes) == 4, within=5, what="the next end heard on the new connection")
     finally:
         await registry.stop()
+
+
+async def test_announcing_jobs_ended_inside_a_transaction_is_refused_and_leaves_its_commit_durable(
+    pool: asyncpg.Pool,
+) -> None:
+    """The announcement commits without waiting for its WAL flush (SET LOCAL): run inside
+    a caller's transaction, it would make that transaction's commit lose its durability."""
+    async with pool.acquire() as conn, conn.transaction():
+        with pytest.raises(RuntimeError, match="outside any transaction"):
+            await announce_jobs_ended(conn)
+        assert await conn.fetchval("SHOW synchronous_commit") == "on"
