@@ -21,6 +21,7 @@ RUN mkdir -p shared services && touch README.md shared/__init__.py services/__in
 COPY README.md ./
 COPY shared ./shared
 COPY services ./services
+COPY platforms ./platforms
 RUN /opt/chatq/bin/pip install --no-deps -c constraints.txt . \
  && /opt/chatq/bin/python -m compileall -q /opt/chatq/lib
 

@@ -3,7 +3,7 @@ Telegram sendMessage to a trivial uvicorn endpoint (another process) with N requ
 flight, alternating rounds in one run; req/s and the client's CPU per request.
 
 Usage: python -m bench.http_clients [--in-flight 32] [--seconds 5] [--rounds 3]
-Why the responder sends through aiohttp (services/responder/http.py).
+Why the responder sends through aiohttp (platforms/http.py).
 """
 
 from __future__ import annotations

@@ -41,6 +41,9 @@ from shared.credentials import credential_problems
 from shared.secretbox import SecretBox, SecretsUnavailable
 from shared.settings import Settings
 
+#: An account's facts file: a plain file name in FACTS_DIR (no folder, no leading dot).
+FACTS_FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
+
 logger = logging.getLogger(__name__)
 
 CHANNEL = "chatq_accounts"

@@ -14,7 +14,7 @@ from typing import Literal
 
 import httpx
 
-from services.receiver.webhooks.telegram import answered_updates
+from platforms.telegram.webhook import answered_updates
 from shared.platform_admin import (
     AVITO_REFUSALS,
     AVITO_WEBHOOK_PATH,

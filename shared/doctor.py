@@ -19,7 +19,7 @@ import asyncpg
 import httpx
 from aio_pika.exceptions import AMQPError
 
-from services.receiver.webhooks.telegram import answered_updates
+from platforms.telegram.webhook import answered_updates
 from shared.alerts import Alerter
 from shared.broker.topology import build_topology
 from shared.connect import avito_webhook_url, telegram_webhook_url
@@ -415,9 +415,9 @@ async def check_model(settings: Settings, client: httpx.AsyncClient) -> Check:
 async def check_generic(settings: Settings, client: httpx.AsyncClient) -> Check:
     """The generic reply endpoint takes our signature: a signed probe, as the responder sends
     a paused account's endpoint."""
-    from services.responder.failures import Failure
-    from services.responder.platforms.generic import GenericPlatform
-    from services.responder.ratelimit import AccountRateLimiter
+    from platforms.failures import Failure
+    from platforms.generic.adapter import GenericPlatform
+    from platforms.ratelimit import AccountRateLimiter
 
     if not settings.generic_reply_url:
         return skipped("generic reply", "CHATQ_GENERIC_REPLY_URL is not set: generic replies are off")

@@ -4,7 +4,7 @@ the deployment's own network (Postgres' host, RabbitMQ's management port, a clou
 metadata service) and read the answer back from the reply's status. So the URL is refused
 when its host is, or resolves to, a loopback, private, link-local, metadata, unspecified,
 multicast or otherwise non-public address: when the account is added (422 with the
-reason), and again at every send (``services.responder.http.GuardedHttp``), which connects
+reason), and again at every send (``platforms.http.GuardedHttp``), which connects
 to the very addresses it checked, so a name that resolves elsewhere between the check and
 the connection (DNS rebinding) reaches nothing inside.
 

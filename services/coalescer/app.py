@@ -10,6 +10,9 @@ from collections.abc import Callable
 
 import httpx
 
+from services.coalescer.service import Coalescer
+from services.coalescer.sweeper import JobSweeper
+from services.coalescer.windows import WindowPolicy
 from shared import metrics
 from shared.accounts import AccountRegistry
 from shared.alerts import Alerter
@@ -23,10 +26,6 @@ from shared.outbox import Relay
 from shared.retention import Retention
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
-
-from .service import Coalescer
-from .sweeper import JobSweeper
-from .windows import WindowPolicy
 
 logger = logging.getLogger(__name__)
 

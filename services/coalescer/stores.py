@@ -19,12 +19,11 @@ from typing import Protocol
 
 import asyncpg
 
+from services.coalescer.windows import Window
 from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE
 from shared.db import Conn
 from shared.messages import InboundMessage, JobMessage, Platform, ReplyJob
 from shared.state import operation as operation_state
-
-from .windows import Window
 
 
 @dataclass(frozen=True)

@@ -14,18 +14,24 @@ import httpx
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.responder.llm import FACTS_FILE_NAME
-from shared.accounts import CREDENTIALS, OVERRIDES, REQUIRED, AccountRegistry, account_problems, path_key
+from platforms.inbound import ApiError
+from services.receiver.admin import account_numbers, require_admin
+from services.receiver.admin.routes import NO_NUL
+from shared.accounts import (
+    CREDENTIALS,
+    FACTS_FILE_NAME,
+    OVERRIDES,
+    REQUIRED,
+    AccountRegistry,
+    account_problems,
+    path_key,
+)
 from shared.connect import ConnectError, connect_avito, connect_telegram
 from shared.credentials import credential_problems
 from shared.db import one
 from shared.reply_url import ReplyUrlRefused
 from shared.secretbox import SecretsUnavailable
 from shared.settings import Settings
-
-from .admin import account_numbers, require_admin
-from .admin.routes import NO_NUL
-from .errors import ApiError
 
 router = APIRouter()
 

@@ -24,8 +24,29 @@ from fastapi.responses import JSONResponse, Response
 from prometheus_client import CONTENT_TYPE_LATEST, generate_latest
 from standardwebhooks.webhooks import Webhook
 
-from services.responder.accounts import AccountPlatforms, build_environment_platforms
-from services.responder.ratelimit import AccountRateLimiter
+from platforms.accounts import AccountPlatforms, build_environment_platforms
+from platforms.avito import webhook as avito
+from platforms.generic import webhook as generic
+from platforms.inbound import ApiError, Intake, parse_json
+from platforms.ratelimit import AccountRateLimiter
+from platforms.telegram import webhook as telegram
+from services.receiver import accounts_api, pages, sandbox
+from services.receiver import admin as admin_api
+from services.receiver.deadlines import BodyDeadline, fit_file_descriptors, header_deadline
+from services.receiver.direct import ReceiverApp
+from services.receiver.errors import install_error_handlers
+from services.receiver.intake import (
+    AVITO_HOLD_SECONDS,
+    IntakeBatcher,
+    Stored,
+    announce_review,
+    held_while_postgres_is_away,
+    record_business_connection,
+    store,
+)
+from services.receiver.limits import BodySizeLimit
+from services.receiver.openapi import json_body
+from services.receiver.recovery import AvitoRecovery
 from shared import metrics
 from shared.accounts import AccountRegistry, pause_incomplete, record_environment, record_seen
 from shared.alerts import Alerter
@@ -38,27 +59,6 @@ from shared.ops_http import READINESS_SECONDS, OpsServer, export_readiness, post
 from shared.outbox import Relay
 from shared.runner import Supervisor, serve
 from shared.settings import Settings, SettingsRefused
-
-from . import accounts_api, pages, sandbox
-from . import admin as admin_api
-from .deadlines import BodyDeadline, fit_file_descriptors, header_deadline
-from .direct import ReceiverApp
-from .errors import ApiError, install_error_handlers
-from .intake import (
-    AVITO_HOLD_SECONDS,
-    Intake,
-    IntakeBatcher,
-    Stored,
-    announce_review,
-    held_while_postgres_is_away,
-    parse_json,
-    record_business_connection,
-    store,
-)
-from .limits import BodySizeLimit
-from .openapi import json_body
-from .recovery import AvitoRecovery
-from .webhooks import avito, generic, telegram
 
 logger = logging.getLogger(__name__)
 

@@ -29,7 +29,7 @@ from typing import Any
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
 
-from .limits import ResponseTracker, answer_unless_started, reject
+from services.receiver.limits import ResponseTracker, answer_unless_started, reject
 
 logger = logging.getLogger(__name__)
 

@@ -9,17 +9,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-
-class ApiError(Exception):
-    def __init__(
-        self, status: int, code: str, message: str, *, headers: dict[str, str] | None = None, **details: Any
-    ) -> None:
-        super().__init__(message)
-        self.status = status
-        self.code = code
-        self.message = message
-        self.headers = headers
-        self.details = details
+from platforms.inbound import ApiError
 
 
 def error_response(

@@ -12,7 +12,7 @@ from pathlib import Path
 from fastapi import APIRouter
 from fastapi.responses import HTMLResponse, Response
 
-from .errors import ApiError
+from platforms.inbound import ApiError
 
 STATIC = Path(__file__).with_name("static")
 

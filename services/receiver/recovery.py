@@ -34,18 +34,17 @@ from typing import Any
 
 import asyncpg
 
-from services.responder.accounts import AccountPlatforms, Unserved
-from services.responder.failures import Failure, Kind
-from services.responder.platforms.avito import CLOCK_SKEW_SECONDS, AvitoPlatform
-from services.responder.ratelimit import BudgetSpent
+from platforms.accounts import AccountPlatforms, Unserved
+from platforms.avito import webhook as avito
+from platforms.avito.adapter import CLOCK_SKEW_SECONDS, AvitoPlatform
+from platforms.failures import Failure, Kind
+from platforms.inbound import ApiError, Intake
+from platforms.ratelimit import BudgetSpent
+from services.receiver.intake import Stored, store
 from shared import metrics
 from shared.accounts import AccountRegistry, record_seen
 from shared.alerts import Alerter
 from shared.state import account as account_state
-
-from .errors import ApiError
-from .intake import Intake, Stored, store
-from .webhooks import avito
 
 logger = logging.getLogger(__name__)
 
@@ -118,7 +117,7 @@ def listed_intake(account_id: str, chat_id: str, item: dict[str, Any]) -> Intake
 
 
 #: The part of an account's per-minute request budget the poll may use; the rest is the
-#: sends' (services/responder/ratelimit.py SharedBudget).
+#: sends' (platforms/ratelimit.py SharedBudget).
 POLL_SHARE = 0.5
 #: How far back of the last complete listing the next one reads: clocks and paging.
 LISTING_MARGIN_SECONDS = 60.0

@@ -17,13 +17,12 @@ from fastapi import APIRouter, Request
 from fastapi.responses import HTMLResponse
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
+from platforms.inbound import ApiError, Intake, parse_json
+from services.receiver.intake import store
+from services.receiver.openapi import json_body
+from services.receiver.pages import page
 from shared import metrics
 from shared.settings import is_loopback
-
-from .errors import ApiError
-from .intake import Intake, parse_json, store
-from .openapi import json_body
-from .pages import page
 
 ACCOUNT = "sandbox"
 

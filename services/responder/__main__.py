@@ -4,9 +4,8 @@ from __future__ import annotations
 
 import os
 
+from services.responder.app import run
 from shared.lifecycle import service_main
-
-from .app import run
 
 
 def main() -> None:

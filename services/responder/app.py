@@ -9,6 +9,17 @@ import logging
 import asyncpg
 import httpx
 
+from platforms.accounts import AccountPlatforms, build_environment_platforms
+from platforms.base import HttpClient, Platform
+from platforms.http import GuardedHttp, PlatformHttp
+from platforms.ratelimit import AccountRateLimiter
+from services.responder.connections import BusinessConnections
+from services.responder.echoes import Echoes
+from services.responder.handler import Responder
+from services.responder.idempotency import JobStore
+from services.responder.listings import Listings
+from services.responder.reply_check import ReplyCheck
+from services.responder.writers import AccountWriters, build_writer
 from shared import metrics
 from shared.accounts import AccountRegistry, pause_incomplete
 from shared.alerts import Alerter
@@ -19,17 +30,6 @@ from shared.broker.topology import RESPONDER_DEAD_QUEUE, RESPONDER_QUEUE
 from shared.ops_http import READINESS_SECONDS, consumer_readiness, ops_server, readiness_gauges
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
-
-from .accounts import AccountPlatforms, AccountWriters, build_environment_platforms, build_writer
-from .connections import BusinessConnections
-from .echoes import Echoes
-from .handler import Responder
-from .http import GuardedHttp, PlatformHttp
-from .idempotency import JobStore
-from .listings import Listings
-from .platforms.base import HttpClient, Platform
-from .ratelimit import AccountRateLimiter
-from .reply_check import ReplyCheck
 
 logger = logging.getLogger(__name__)
 
@@ -65,7 +65,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
     timeout = httpx.Timeout(
         settings.platform_timeout_seconds, connect=min(5.0, settings.platform_timeout_seconds)
     )
-    # Platform calls through aiohttp (services/responder/http.py says why); the rare alert
+    # Platform calls through aiohttp (platforms/http.py says why); the rare alert
     # posts keep httpx.
     platform_http = parts.closing(
         "platform client", PlatformHttp(timeout, max_connections=settings.responder_concurrency * 2)

@@ -18,6 +18,19 @@ from datetime import UTC, datetime, timedelta
 from prometheus_client import Counter
 from pydantic import ValidationError
 
+from platforms.accounts import AccountPlatforms, FixedPlatforms, Incomplete, Unserved
+from platforms.base import Attempts, Listing, Platform, Sent, SentQuery, TooEarly, chat_manners
+from platforms.failures import Failure, Kind
+from platforms.telegram.adapter import TelegramPlatform
+from services.responder.connections import BusinessConnections
+from services.responder.echoes import CLOCK_SKEW_SECONDS, Echoes
+from services.responder.idempotency import AccountStopped, Job, JobBusy, JobWithdrawn, Part, Reconcile, Skip
+from services.responder.listings import Listings
+from services.responder.llm import ReplyWriter, Turn, Writing
+from services.responder.parts import split_reply
+from services.responder.reply_check import ReplyCheck
+from services.responder.stores import JobSession, JobStorage
+from services.responder.writers import AccountWriters
 from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.consumer import Reject, RetryLater
@@ -27,19 +40,6 @@ from shared.messages import ReplyJob
 from shared.retry import attempt_of
 from shared.settings import DEFAULT_GREETING
 from shared.state.job import DeliveryStatus
-
-from .accounts import AccountPlatforms, AccountWriters, FixedPlatforms, Incomplete, Unserved
-from .connections import BusinessConnections
-from .echoes import CLOCK_SKEW_SECONDS, Echoes
-from .failures import Failure, Kind
-from .idempotency import AccountStopped, Job, JobBusy, JobWithdrawn, Part, Reconcile, Skip
-from .listings import Listings
-from .llm import ReplyWriter, Turn, Writing
-from .parts import split_reply
-from .platforms.base import Attempts, Listing, Platform, Sent, SentQuery, TooEarly, chat_manners
-from .platforms.telegram import TelegramPlatform
-from .reply_check import ReplyCheck
-from .stores import JobSession, JobStorage
 
 logger = logging.getLogger(__name__)
 
@@ -103,7 +103,7 @@ class Responder:
         self._account_metrics = account_metrics
         self._check = reply_check
         self._store = store
-        # Each account's own adapter and writer (services/responder/accounts.py); a plain
+        # Each account's own adapter and writer (platforms/accounts.py, services/responder/writers.py); a plain
         # mapping or writer serves every account alike.
         self._platforms = FixedPlatforms(platforms) if isinstance(platforms, Mapping) else platforms
         self._writers = writer if isinstance(writer, AccountWriters) else None

@@ -24,6 +24,9 @@ from typing import TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
+from platforms.base import Attempts
+from services.responder.batches import SharedConnection, lost
+from services.responder.llm import Turn
 from shared import metrics
 from shared.broker.consumer import Outcome, Reject, classify
 from shared.db import Conn, announce_jobs_ended, one
@@ -32,10 +35,6 @@ from shared.messages import chat_key as make_chat_key
 from shared.state import account as account_state
 from shared.state import job as job_state
 from shared.state.job import DeliveryStatus, lock_key
-
-from .batches import SharedConnection, lost
-from .llm import Turn
-from .platforms.base import Attempts
 
 logger = logging.getLogger(__name__)
 

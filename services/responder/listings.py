@@ -13,9 +13,9 @@ from collections.abc import Mapping
 import asyncpg
 from prometheus_client import Counter
 
-from .accounts import AccountPlatforms, FixedPlatforms, Unserved
-from .failures import Failure
-from .platforms.base import Listing, Platform, chat_manners
+from platforms.accounts import AccountPlatforms, FixedPlatforms, Unserved
+from platforms.base import Listing, Platform, chat_manners
+from platforms.failures import Failure
 
 logger = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ class Listings:
         ttl_seconds: float = LISTING_TTL_SECONDS,
     ) -> None:
         self._pool = pool
-        # The account's own adapter (services/responder/accounts.py).
+        # The account's own adapter (platforms/accounts.py).
         self._platforms = FixedPlatforms(platforms) if isinstance(platforms, Mapping) else platforms
         self._ttl = ttl_seconds
 

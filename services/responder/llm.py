@@ -12,11 +12,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol
 
+from platforms.base import Listing
+from platforms.failures import Failure, Kind, classify_llm
 from shared import metrics
+from shared.accounts import FACTS_FILE_NAME
 from shared.messages import PromptBounds
-
-from .failures import Failure, Kind, classify_llm
-from .platforms.base import Listing
 
 
 @dataclass(frozen=True)
@@ -352,10 +352,6 @@ class FactsWriter:
 
 def facts_text(path: str | Path | None) -> str:
     return Path(path).read_text(encoding="utf-8") if path else DEFAULT_FACTS
-
-
-#: An account's facts file: a plain file name in FACTS_DIR (no folder, no leading dot).
-FACTS_FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
 
 
 def account_facts_path(facts_dir: str | None, name: str) -> Path:

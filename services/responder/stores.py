@@ -12,11 +12,10 @@ from contextlib import AbstractAsyncContextManager
 from datetime import datetime
 from typing import Protocol
 
+from platforms.base import Attempts
+from services.responder.idempotency import Job, Part, Reconcile, Settled, Skip
 from shared.messages import Row
 from shared.state.job import DeliveryStatus
-
-from .idempotency import Job, Part, Reconcile, Settled, Skip
-from .platforms.base import Attempts
 
 __all__ = ["JobSession", "JobStorage", "Row"]
 

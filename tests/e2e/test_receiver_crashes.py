@@ -10,7 +10,8 @@ import asyncpg
 import httpx
 import pytest
 
-from services.receiver.intake import Intake, store
+from platforms.inbound import Intake
+from services.receiver.intake import store
 from shared.broker.topology import COALESCER_QUEUE
 from tests.conftest import TELEGRAM_SECRET, replace
 from tests.support.broker import QueueInspector, wait_for

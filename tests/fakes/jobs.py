@@ -13,8 +13,8 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
+from platforms.base import Attempts
 from services.responder.idempotency import Job, JobBusy, JobWithdrawn, Message, Part, Reconcile, Settled, Skip
-from services.responder.platforms.base import Attempts
 from services.responder.stores import Row
 from shared.broker.consumer import Reject
 from shared.messages import chat_key

@@ -11,7 +11,7 @@ import asyncpg
 import httpx
 import pytest
 
-from services.responder.platforms.avito import AvitoToken
+from platforms.avito.adapter import AvitoToken
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, replace
 from tests.fakes.platforms import FakeWorld

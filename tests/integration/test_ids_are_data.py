@@ -11,10 +11,10 @@ import asyncpg
 import httpx
 import pytest
 
-from services.responder.failures import Failure, Kind
-from services.responder.http import PlatformHttp
-from services.responder.platforms.avito import AvitoPlatform, AvitoToken
-from services.responder.ratelimit import AccountRateLimiter
+from platforms.avito.adapter import AvitoPlatform, AvitoToken
+from platforms.failures import Failure, Kind
+from platforms.http import PlatformHttp
+from platforms.ratelimit import AccountRateLimiter
 from tests.fakes.platforms import FakeWorld
 from tests.support.avito import ME, URL, Stack
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import asyncpg
 import pytest
 
-from services.responder.ratelimit import _TAKE, BudgetSpent, SharedBudget
+from platforms.ratelimit import _TAKE, BudgetSpent, SharedBudget
 from shared.db import create_pool
 from shared.settings import Settings
 

@@ -21,7 +21,7 @@ import pytest
 from cryptography.fernet import Fernet
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from services.responder.platforms.avito import AvitoToken, token_key
+from platforms.avito.adapter import AvitoToken, token_key
 from shared import metrics
 from shared.accounts import AccountRegistry
 from shared.secretbox import SecretBox
@@ -538,7 +538,7 @@ async def test_a_known_generic_accounts_verifier_is_built_once_not_at_every_requ
 ) -> None:
     """On main each request to a known account checked its key's format and built its
     verifier (some microseconds the decoy of an unknown account does not spend)."""
-    from services.receiver.webhooks import generic
+    from platforms.generic import webhook as generic
 
     built: list[str | None] = []
     build = generic.verifier

@@ -9,8 +9,8 @@ import uuid
 
 import pytest
 
+from platforms.inbound import ApiError
 from services.receiver.admin import commands
-from services.receiver.errors import ApiError
 from shared.state.job import JobStatus
 from shared.state.operation import OperationStatus
 from tests.fakes.operations import InMemoryOperations

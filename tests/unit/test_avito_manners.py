@@ -8,8 +8,10 @@ from pathlib import Path
 
 import pytest
 
-from services.receiver.webhooks.avito import message_intake
-from services.responder.failures import Failure, Kind
+from platforms.avito.adapter import listing_of, message_list, next_offset, since_last_answer
+from platforms.avito.webhook import message_intake
+from platforms.base import Listing, segment
+from platforms.failures import Failure, Kind
 from services.responder.llm import (
     DEFAULT_FACTS,
     FactsWriter,
@@ -18,8 +20,6 @@ from services.responder.llm import (
     listing_text,
     parse_facts,
 )
-from services.responder.platforms.avito import listing_of, message_list, next_offset, since_last_answer
-from services.responder.platforms.base import Listing, segment
 
 pytestmark = pytest.mark.unit
 

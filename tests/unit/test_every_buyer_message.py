@@ -12,9 +12,10 @@ from typing import Any
 
 import pytest
 
-from services.receiver.errors import ApiError
-from services.receiver.webhooks import avito, telegram
-from services.receiver.webhooks.avito import message_intake
+from platforms.avito import webhook as avito
+from platforms.avito.webhook import message_intake
+from platforms.inbound import ApiError
+from platforms.telegram import webhook as telegram
 from tests.fakes.instances import Resolver, full, minimal, variants, without_each
 from tests.fakes.spec import avito_document, telegram_spec
 from tests.support.payloads import avito_content, avito_webhook, telegram_business_update, telegram_update

@@ -8,11 +8,11 @@ from datetime import UTC, datetime, timedelta
 import httpx
 import pytest
 
-from services.responder.failures import Kind, classify_llm, classify_status, classify_transport
-from services.responder.platforms.avito import AvitoPlatform, AvitoToken
-from services.responder.platforms.base import Attempts, Sent, SentQuery, TooEarly, call
-from services.responder.platforms.telegram import TelegramPlatform
-from services.responder.ratelimit import AccountRateLimiter
+from platforms.avito.adapter import AvitoPlatform, AvitoToken
+from platforms.base import Attempts, Sent, SentQuery, TooEarly, call
+from platforms.failures import Kind, classify_llm, classify_status, classify_transport
+from platforms.ratelimit import AccountRateLimiter
+from platforms.telegram.adapter import TelegramPlatform
 
 pytestmark = pytest.mark.unit
 

@@ -11,12 +11,12 @@ from contextlib import asynccontextmanager
 import httpx
 import pytest
 
-from services.responder.failures import Failure, Kind
-from services.responder.http import PlatformHttp
-from services.responder.platforms.base import call
-from services.responder.platforms.generic import GenericPlatform
-from services.responder.platforms.telegram import TelegramPlatform
-from services.responder.ratelimit import AccountRateLimiter
+from platforms.base import call
+from platforms.failures import Failure, Kind
+from platforms.generic.adapter import GenericPlatform
+from platforms.http import PlatformHttp
+from platforms.ratelimit import AccountRateLimiter
+from platforms.telegram.adapter import TelegramPlatform
 
 pytestmark = pytest.mark.unit
 

@@ -12,10 +12,10 @@ import httpx
 import pytest
 from aiohttp.abc import AbstractResolver, ResolveResult
 
-from services.responder.failures import Failure, Kind
-from services.responder.http import GuardedHttp
-from services.responder.platforms.generic import GenericPlatform, short_reason
-from services.responder.ratelimit import AccountRateLimiter
+from platforms.failures import Failure, Kind
+from platforms.generic.adapter import GenericPlatform, short_reason
+from platforms.http import GuardedHttp
+from platforms.ratelimit import AccountRateLimiter
 from shared.reply_url import ReplyUrlPolicy, ReplyUrlRefused
 from shared.settings import Settings
 from tests.unit.test_platform_http import Handler, answering, failure_of, read_request, server

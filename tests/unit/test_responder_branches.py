@@ -12,10 +12,10 @@ from typing import Any
 import httpx
 import pytest
 
-from services.responder.failures import Failure, Kind
+from platforms.base import Listing, Sent, SentQuery
+from platforms.failures import Failure, Kind
 from services.responder.handler import Responder
 from services.responder.llm import Turn
-from services.responder.platforms.base import Listing, Sent, SentQuery
 from shared.alerts import Alerter
 from shared.broker.consumer import RetryLater
 from shared.messages import JobMessage, ReplyJob

@@ -10,7 +10,7 @@ import uuid
 
 import pytest
 
-from services.receiver.errors import ApiError
+from platforms.inbound import ApiError
 from services.receiver.intake import Stored, held_while_postgres_is_away
 
 STORED = Stored(uuid.uuid4(), "accepted", False)

@@ -4,8 +4,10 @@ from __future__ import annotations
 
 import pytest
 
-from services.receiver.errors import ApiError
-from services.receiver.webhooks import avito, generic, telegram
+from platforms.avito import webhook as avito
+from platforms.generic import webhook as generic
+from platforms.inbound import ApiError
+from platforms.telegram import webhook as telegram
 from shared.settings import TELEGRAM_CHAT_TYPES
 from tests.fakes.spec import telegram_spec
 from tests.support.payloads import (

@@ -18,9 +18,10 @@ from fastapi import APIRouter, Depends, FastAPI, Header, HTTPException, Path, Re
 from fastapi.responses import JSONResponse
 from prometheus_client import REGISTRY
 
+from platforms.inbound import Intake
 from services.receiver.app import create_app
 from services.receiver.direct import ReceiverApp
-from services.receiver.intake import Intake, Stored
+from services.receiver.intake import Stored
 from services.receiver.limits import BodySizeLimit
 from shared.accounts import Account, path_key
 from shared.settings import Settings

@@ -11,8 +11,8 @@
 
 from __future__ import annotations
 
-from .auth import require_admin
-from .read import account_numbers, collect_stats
-from .routes import router
+from services.receiver.admin.auth import require_admin
+from services.receiver.admin.read import account_numbers, collect_stats
+from services.receiver.admin.routes import router
 
 __all__ = ["account_numbers", "collect_stats", "require_admin", "router"]

@@ -7,7 +7,7 @@ import hmac
 
 from fastapi import Request
 
-from ..errors import ApiError
+from platforms.inbound import ApiError
 
 
 def require_admin(request: Request) -> None:

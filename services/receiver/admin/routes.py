@@ -12,12 +12,11 @@ import asyncpg
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field
 
+from platforms.inbound import ApiError
+from services.receiver.admin import commands, models, read
+from services.receiver.admin.auth import require_admin
+from services.receiver.admin.stores import PgOperationStore
 from shared.metrics import RETRIES
-
-from ..errors import ApiError
-from . import commands, models, read
-from .auth import require_admin
-from .stores import PgOperationStore
 
 router = APIRouter()
 

@@ -9,8 +9,7 @@ import binascii
 from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, ValidationError, field_validator
 from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
-from ..errors import ApiError
-from ..intake import Intake
+from platforms.inbound import ApiError, Intake
 
 
 class GenericMessage(BaseModel):

@@ -10,9 +10,9 @@ from datetime import UTC, datetime
 
 from standardwebhooks.webhooks import Webhook
 
-from ..failures import Failure, Kind
-from ..ratelimit import AccountRateLimiter
-from .base import Answer, HttpClient, Sent, SentQuery, call, raise_for
+from platforms.base import Answer, HttpClient, Sent, SentQuery, call, raise_for
+from platforms.failures import Failure, Kind
+from platforms.ratelimit import AccountRateLimiter
 
 #: What of an error answer's own words may be shown: a reason field of a JSON body, in
 #: these characters, this long. The body itself never is (the reply endpoint is a tenant's;

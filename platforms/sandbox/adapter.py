@@ -7,8 +7,8 @@ from __future__ import annotations
 
 import asyncpg
 
-from ..failures import Failure, Kind
-from .base import Sent, SentQuery
+from platforms.base import Sent, SentQuery
+from platforms.failures import Failure, Kind
 
 
 class SandboxPlatform:

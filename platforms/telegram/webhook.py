@@ -22,9 +22,15 @@ import hmac
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..errors import ApiError
-from ..intake import MAX_ID_LENGTH, BusinessConnectionState, Intake, check_storable, epoch_to_datetime
-from .media import telegram_media, telegram_service
+from platforms.inbound import (
+    MAX_ID_LENGTH,
+    ApiError,
+    BusinessConnectionState,
+    Intake,
+    check_storable,
+    epoch_to_datetime,
+)
+from platforms.media import telegram_media, telegram_service
 
 SECRET_HEADER = "x-telegram-bot-api-secret-token"
 

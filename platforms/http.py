@@ -25,9 +25,8 @@ import httpx
 from aiohttp.abc import AbstractResolver, ResolveResult
 from multidict import CIMultiDictProxy
 
+from platforms.failures import Failure, Kind
 from shared.reply_url import ReplyUrlPolicy, ReplyUrlRefused
-
-from .failures import Failure, Kind
 
 
 class Reply:

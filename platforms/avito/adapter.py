@@ -19,11 +19,7 @@ from typing import Any, TypeGuard
 import asyncpg
 from cryptography.fernet import Fernet, InvalidToken, MultiFernet
 
-from shared.secretbox import SecretBox
-
-from ..failures import Failure, Kind
-from ..ratelimit import AccountRateLimiter, SharedBudget
-from .base import (
+from platforms.base import (
     LIMITED_BACKOFF_SECONDS,
     SPENT_WINDOW_SECONDS,
     Answer,
@@ -39,6 +35,9 @@ from .base import (
     retry_after_of,
     segment,
 )
+from platforms.failures import Failure, Kind
+from platforms.ratelimit import AccountRateLimiter, SharedBudget
+from shared.secretbox import SecretBox
 
 logger = logging.getLogger(__name__)
 

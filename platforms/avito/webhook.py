@@ -27,9 +27,8 @@ from typing import Any
 
 from pydantic import BaseModel, ConfigDict, ValidationError
 
-from ..errors import ApiError
-from ..intake import Intake, epoch_to_datetime
-from .media import AVITO_CONTENT_KEYS, avito_media
+from platforms.inbound import ApiError, Intake, epoch_to_datetime
+from platforms.media import AVITO_CONTENT_KEYS, avito_media
 
 
 class _Model(BaseModel):

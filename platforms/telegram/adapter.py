@@ -6,9 +6,9 @@ user") is about the chat, and that job fails alone."""
 
 from __future__ import annotations
 
-from ..failures import Failure, Kind, classify_status
-from ..ratelimit import AccountRateLimiter
-from .base import HttpClient, Sent, SentQuery, call, retry_after_of
+from platforms.base import HttpClient, Sent, SentQuery, call, retry_after_of
+from platforms.failures import Failure, Kind, classify_status
+from platforms.ratelimit import AccountRateLimiter
 
 
 class TelegramPlatform:

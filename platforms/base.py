@@ -12,10 +12,9 @@ from typing import Any, Protocol, runtime_checkable
 
 import httpx
 
+from platforms.failures import TRANSPORT_ERRORS, Failure, Kind, classify_status, classify_transport
+from platforms.ratelimit import AccountRateLimiter
 from shared import metrics
-
-from ..failures import TRANSPORT_ERRORS, Failure, Kind, classify_status, classify_transport
-from ..ratelimit import AccountRateLimiter
 
 
 def segment(value: str) -> str:

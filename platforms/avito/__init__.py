@@ -1,0 +1,1 @@
+"""The Avito platform: its webhook parsing (``webhook``) and its sending adapter (``adapter``)."""

@@ -1,0 +1,1 @@
+"""The Generic platform: its webhook parsing (``webhook``) and its sending adapter (``adapter``)."""

@@ -1,0 +1,1 @@
+"""The Sandbox platform: the built-in sandbox chat's sending adapter."""

@@ -1,1 +1,0 @@
-"""One module per platform: authenticate, parse, normalise to an ``Intake``."""

@@ -1,1 +1,0 @@
-"""Platform adapters behind one interface (``base.Platform``)."""
