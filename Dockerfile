@@ -22,6 +22,7 @@ COPY README.md ./
 COPY shared ./shared
 COPY services ./services
 COPY platforms ./platforms
+COPY chatq ./chatq
 RUN /opt/chatq/bin/pip install --no-deps -c constraints.txt . \
  && /opt/chatq/bin/python -m compileall -q /opt/chatq/lib
 

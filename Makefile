@@ -26,7 +26,7 @@ $(STAMP): pyproject.toml constraints.txt
 	touch $(STAMP)
 
 services-check: install
-	$(BIN)/python -m shared.preflight --database-url "$(CHATQ_TEST_DATABASE_URL)" \
+	$(BIN)/python -m chatq.preflight --database-url "$(CHATQ_TEST_DATABASE_URL)" \
 	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
 
 # Tools the tests drive: promtool (Debian's prometheus package) for the alert rules and
@@ -82,7 +82,7 @@ migrate: install
 # The development admin token is made once and kept in ENV_FILE. Ctrl-C drains and stops.
 ENV_FILE ?= .env
 run: install
-	$(BIN)/python -m shared.preflight --create-database --start-with-compose --env-file "$(ENV_FILE)"
+	$(BIN)/python -m chatq.preflight --create-database --start-with-compose --env-file "$(ENV_FILE)"
 	$(BIN)/python -m services --env-file "$(ENV_FILE)"
 
 # A local three-node RabbitMQ cluster of the installed RabbitMQ, beside the default node

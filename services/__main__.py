@@ -17,7 +17,7 @@ import sys
 import time
 from collections.abc import Mapping
 
-from shared.envfile import merged_environment, stored_admin_token
+from chatq.envfile import merged_environment, stored_admin_token
 from shared.settings import Settings
 
 SERVICES = ("receiver", "coalescer", "responder")

@@ -15,6 +15,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from datetime import UTC, datetime
 from typing import Literal
+from urllib.parse import urlsplit, urlunsplit
 
 # What the outcome lines pass with extra=: the ids a person searches for.
 CONTEXT_FIELDS = ("operation_id", "job_id", "message_id", "queue", "chat", "attempt")
@@ -111,3 +112,14 @@ def _refusal(exc: Exception) -> tuple[str, bool]:
     if isinstance(exc, MigrationError):
         return f"migration refused: {exc}", True
     return f"{type(exc).__name__}: {exc}", False
+
+
+def redact_url(url: str) -> str:
+    """The URL without its password (and query): safe to print."""
+    parts = urlsplit(url)
+    netloc = parts.hostname or ""
+    if parts.port:
+        netloc += f":{parts.port}"
+    if parts.username:
+        netloc = f"{parts.username}:***@{netloc}" if parts.password else f"{parts.username}@{netloc}"
+    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))

@@ -14,6 +14,7 @@ import httpx
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
+from platforms.connect import ConnectError, connect_avito, connect_telegram
 from platforms.inbound import ApiError
 from services.receiver.admin import account_numbers, require_admin
 from services.receiver.admin.routes import NO_NUL
@@ -26,7 +27,6 @@ from shared.accounts import (
     account_problems,
     path_key,
 )
-from shared.connect import ConnectError, connect_avito, connect_telegram
 from shared.credentials import credential_problems
 from shared.db import one
 from shared.reply_url import ReplyUrlRefused

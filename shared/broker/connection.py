@@ -23,7 +23,7 @@ from aio_pika.abc import AbstractChannel, AbstractConnection
 
 from shared.broker.declare import declare_topology
 from shared.broker.topology import Topology
-from shared.preflight import redact_url
+from shared.logging import redact_url
 from shared.settings import amqp_addresses
 
 logger = logging.getLogger(__name__)

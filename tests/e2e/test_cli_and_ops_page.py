@@ -109,7 +109,7 @@ async def test_the_cli_shows_lists_retries_and_resolves_with_exit_codes_scripts_
     )
     unreachable = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.cli", "--env-file", os.devnull, "stats"],
+        [sys.executable, "-m", "chatq.cli", "--env-file", os.devnull, "stats"],
         capture_output=True,
         text=True,
         env={**os.environ, "CHATQ_ADMIN_URL": "http://127.0.0.1:9", "CHATQ_ADMIN_TOKEN": "x"},

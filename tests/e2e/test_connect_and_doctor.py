@@ -41,7 +41,7 @@ async def chatq(settings: Settings, *args: str, **env: str) -> subprocess.Comple
     """``chatq`` in its own process; nothing it prints may carry a secret."""
     done = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.cli", "--env-file", os.devnull, *args],
+        [sys.executable, "-m", "chatq.cli", "--env-file", os.devnull, *args],
         capture_output=True,
         text=True,
         env=settings_env(settings, **env),

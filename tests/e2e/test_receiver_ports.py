@@ -52,7 +52,7 @@ async def test_the_ports_split_the_webhooks_from_the_admin_surface_and_the_cli_f
     )
     stats = await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.cli", "--env-file", os.devnull, "stats", "--json"],
+        [sys.executable, "-m", "chatq.cli", "--env-file", os.devnull, "stats", "--json"],
         capture_output=True,
         text=True,
         env=env,

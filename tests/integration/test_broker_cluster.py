@@ -12,6 +12,7 @@ import time
 import pytest
 
 from chaos.cluster import LocalCluster, running_cluster
+from chatq.doctor import check_broker
 from shared.broker.connection import BrokerConnection, BrokerUnreachable
 from shared.broker.consumer import Consumer
 from shared.broker.delivery import Delivery
@@ -23,7 +24,6 @@ from shared.broker.topology import (
     RESPONDER_QUEUE,
     build_topology,
 )
-from shared.doctor import check_broker
 from shared.settings import Settings
 from tests.support.broker import wait_for
 from tests.support.processes import free_port

@@ -193,7 +193,7 @@ async def run_chatq(receiver: Receiver, *args: str, token: str | None) -> subpro
         env["CHATQ_ADMIN_TOKEN"] = token
     return await asyncio.to_thread(
         subprocess.run,
-        [sys.executable, "-m", "shared.cli", "--env-file", os.devnull, *args],
+        [sys.executable, "-m", "chatq.cli", "--env-file", os.devnull, *args],
         capture_output=True,
         text=True,
         env=env,

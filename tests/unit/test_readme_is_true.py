@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from shared.cli import parser
+from chatq.cli import parser
 from shared.roles import SERVICES, role_name
 from shared.settings import Settings
 

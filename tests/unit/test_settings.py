@@ -167,7 +167,7 @@ def test_make_runs_admin_token_is_the_same_on_the_second_start_and_only_its_owne
 
 
 def test_the_environment_wins_over_the_env_file(tmp_path, monkeypatch) -> None:
-    from shared.envfile import merged_environment
+    from chatq.envfile import merged_environment
 
     monkeypatch.setenv("CHATQ_LLM_MODEL", "from-env")
     env_file = tmp_path / ".env"
@@ -409,7 +409,7 @@ def test_an_amqp_url_list_with_something_else_in_it_is_refused_with_the_reason()
 
 
 def test_chatq_reads_the_admin_token_from_the_env_file_and_not_without_it(tmp_path, monkeypatch) -> None:
-    from shared.cli import EXIT_UNREACHABLE, EXIT_USAGE, main
+    from chatq.cli import EXIT_UNREACHABLE, EXIT_USAGE, main
 
     monkeypatch.delenv("CHATQ_ADMIN_TOKEN", raising=False)
     monkeypatch.delenv("CHATQ_ADMIN_URL", raising=False)

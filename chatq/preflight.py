@@ -16,6 +16,8 @@ from urllib.parse import urlsplit, urlunsplit
 import asyncpg
 import httpx
 
+from shared.logging import redact_url
+
 START_POSTGRES = "pg_ctlcluster --skip-systemctl-redirect $(ls /etc/postgresql) main start"
 START_RABBITMQ = "rabbitmq-server -detached"
 ENABLE_MANAGEMENT = "rabbitmq-plugins enable rabbitmq_management rabbitmq_prometheus"
@@ -51,17 +53,6 @@ async def _check_postgres(url: str, create: bool) -> str | None:
         return None
     except (OSError, asyncpg.PostgresError, TimeoutError) as exc:
         return f"Postgres at {redact_url(url)} does not answer ({type(exc).__name__}: {exc}). Start it: {START_POSTGRES}"
-
-
-def redact_url(url: str) -> str:
-    """The URL without its password (and query): safe to print."""
-    parts = urlsplit(url)
-    netloc = parts.hostname or ""
-    if parts.port:
-        netloc += f":{parts.port}"
-    if parts.username:
-        netloc = f"{parts.username}:***@{netloc}" if parts.password else f"{parts.username}@{netloc}"
-    return urlunsplit((parts.scheme, netloc, parts.path, "", ""))
 
 
 COMPOSE_FILE = "deploy/compose.dev.yaml"

@@ -21,8 +21,9 @@ from typing import Any
 from urllib.parse import quote
 
 import httpx
+from pydantic import ValidationError
 
-from shared.envfile import DEFAULT_ENV_FILE
+from chatq.envfile import DEFAULT_ENV_FILE
 
 EXIT_OK, EXIT_REFUSED, EXIT_USAGE, EXIT_UNREACHABLE = 0, 1, 2, 3
 
@@ -382,7 +383,7 @@ def _topology(_: Api | None, args: argparse.Namespace) -> str:
 
 
 def _connect(_: Api | None, args: argparse.Namespace) -> str:
-    from shared.connect import ConnectError, connect_avito, connect_telegram
+    from platforms.connect import ConnectError, connect_avito, connect_telegram
 
     if args.account:
         # An added account: the receiver connects it with the credentials only it holds.
@@ -406,7 +407,7 @@ def _connect(_: Api | None, args: argparse.Namespace) -> str:
 
 
 def _doctor(_: Api | None, args: argparse.Namespace) -> tuple[str, int]:
-    from shared.doctor import render, run_checks
+    from chatq.doctor import render, run_checks
 
     checks = asyncio.run(run_checks(args.settings))
     return render(checks), EXIT_REFUSED if any(c.state == "FAIL" for c in checks) else EXIT_OK
@@ -527,6 +528,16 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
+def settings_errors(exc: ValidationError) -> list[str]:
+    """Each refused setting as ``CHATQ_NAME: why``, without the value it was given."""
+    lines = []
+    for error in exc.errors(include_input=False, include_url=False):
+        loc = error.get("loc") or ()
+        name = f"CHATQ_{str(loc[0]).upper()}" if loc else "settings"
+        lines.append(f"invalid setting {name}: {error.get('msg', 'not valid')}")
+    return lines
+
+
 def main(argv: Sequence[str] | None = None) -> int:
     from shared.settings import Settings
 
@@ -534,7 +545,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     # What goes wrong is in the output and the exit code; libraries' own log lines (a broker
     # client's connection errors, say) would only repeat it.
     logging.basicConfig(level=logging.CRITICAL, format="chatq: %(message)s")
-    args.settings = Settings(_env_file=args.env_file or None)  # type: ignore[call-arg]
+    try:
+        args.settings = Settings(_env_file=args.env_file or None)  # type: ignore[call-arg]
+    except ValidationError as exc:
+        # A usage error like a wrong option (argparse's 2): which setting and why, never
+        # its value (it may be a secret), and no traceback.
+        for line in settings_errors(exc):
+            print(f"chatq: {line}", file=sys.stderr)
+        return 2
     secrets = args.settings.secret_values()
     try:
         api = None

@@ -19,12 +19,7 @@ import asyncpg
 import httpx
 from aio_pika.exceptions import AMQPError
 
-from platforms.telegram.webhook import answered_updates
-from shared.alerts import Alerter
-from shared.broker.topology import build_topology
-from shared.connect import avito_webhook_url, telegram_webhook_url
-from shared.migrate import MigrationError, pending
-from shared.platform_admin import (
+from platforms.admin import (
     AVITO_REFUSALS,
     AvitoAdmin,
     PlatformError,
@@ -32,7 +27,12 @@ from shared.platform_admin import (
     masked_url,
     public_url_problem,
 )
-from shared.preflight import redact_url
+from platforms.connect import avito_webhook_url, telegram_webhook_url
+from platforms.telegram.webhook import answered_updates
+from shared.alerts import Alerter
+from shared.broker.topology import build_topology
+from shared.logging import redact_url
+from shared.migrate import MigrationError, pending
 from shared.settings import GENERATE_HINT, Settings
 from shared.state import account as account_state
 

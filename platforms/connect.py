@@ -14,8 +14,7 @@ from typing import Literal
 
 import httpx
 
-from platforms.telegram.webhook import answered_updates
-from shared.platform_admin import (
+from platforms.admin import (
     AVITO_REFUSALS,
     AVITO_WEBHOOK_PATH,
     TELEGRAM_WEBHOOK_PATH,
@@ -25,6 +24,7 @@ from shared.platform_admin import (
     masked_url,
     public_url_problem,
 )
+from platforms.telegram.webhook import answered_updates
 from shared.settings import Settings
 
 #: Telegram's answer to a setWebhook that changes nothing.
