@@ -1,7 +1,8 @@
 """The README and docs/ say only what the code does: every setting is in the
 configuration table and every row of it is a setting; every metric they name is
-exported and every exported metric is named; every ``make`` target and ``chatq``
-command they show exists; every link to docs/ and every #anchor resolves."""
+exported and every exported metric is in the metrics table (docs/operations.md); every
+``make`` target and ``chatq`` command they show exists; every link to docs/ and every
+#anchor resolves."""
 
 from __future__ import annotations
 
@@ -18,6 +19,7 @@ from shared.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+OPERATIONS = ROOT / "docs" / "operations.md"
 PAGES = [README, *DOCS]
 
 FENCE = re.compile(r"^ *```.*?^ *```", re.M | re.S)
@@ -36,6 +38,13 @@ def code_of(page: Path) -> str:
     """What a reader would type: fenced blocks and `code spans`."""
     body = text(page)
     return "\n".join([*FENCE.findall(body), *CODE_SPAN.findall(FENCE.sub("", body))])
+
+
+def section(page: Path, heading: str) -> str:
+    """The text under ``heading`` (a whole line, such as ``## Metrics``) up to the next heading."""
+    parts = text(page).split(f"\n{heading}\n", 1)
+    assert len(parts) == 2, f"{page.name} has no {heading!r}"
+    return parts[1].split("\n#", 1)[0]
 
 
 def configuration_table() -> list[str]:
@@ -89,7 +98,7 @@ def test_the_code_exports_metrics_to_compare_with() -> None:
     assert {"chatq_webhooks_total", "chatq_retries_total", "chatq_backlog"} <= exported_metrics()
 
 
-def test_every_metric_the_pages_name_is_exported_and_every_exported_metric_is_in_the_readme() -> None:
+def test_every_metric_the_pages_name_is_exported_and_every_exported_metric_is_in_the_metrics_table() -> None:
     exported = exported_metrics()
     # The services' Postgres roles (chatq_receiver, ...) are named chatq_ too.
     not_metrics = sql_functions() | {role_name("chatq", s) for s in SERVICES}
@@ -100,12 +109,12 @@ def test_every_metric_the_pages_name_is_exported_and_every_exported_metric_is_in
             if n not in not_metrics and not n.startswith("chatq_test_")
         }
         assert sorted(named - exported) == [], f"{page.name} names metrics the code does not export"
-    table = text(README).split("\n### Metrics\n", 1)[1].split("\n#", 1)[0]
+    table = section(OPERATIONS, "## Metrics")
     in_table = {
         row.split("|")[1].strip().split("{")[0] for row in table.splitlines() if row.startswith("| chatq_")
     }
-    assert sorted(exported - in_table) == [], "exported metrics missing from README's metrics table"
-    assert sorted(in_table - exported) == [], "README's metrics table lists what is not exported"
+    assert sorted(exported - in_table) == [], "exported metrics missing from the metrics table"
+    assert sorted(in_table - exported) == [], "the metrics table lists what is not exported"
 
 
 def make_targets() -> set[str]:
