@@ -1,8 +1,8 @@
 """The README and docs/ say only what the code does: every setting is in the
-configuration table (docs/configuration.md) and every row of it is a setting; every
-metric they name is exported and every exported metric is in the metrics table
-(docs/operations.md); every ``make`` target and ``chatq`` command they show exists; every
-link to docs/ and every #anchor resolves."""
+configuration table (docs/configuration.md) and every row of it is a setting, and the
+README's ten settings are rows of it; every metric they name is exported and every
+exported metric is in the metrics table (docs/operations.md); every ``make`` target and
+``chatq`` command they show exists; every link to docs/ and every #anchor resolves."""
 
 from __future__ import annotations
 
@@ -72,6 +72,14 @@ def test_every_setting_is_in_the_configuration_table_and_every_row_is_a_setting(
     assert sorted(settings - set(table)) == [], "settings missing from the configuration table"
     assert sorted(set(table) - settings) == [], "the configuration table lists what is not a setting"
     assert len(table) == len(set(table)), "a setting is listed twice"
+
+
+def test_the_readme_has_ten_settings_and_each_is_in_the_configuration_table() -> None:
+    rows = setting_rows(section(README, "## The ten settings a seller touches"))
+    assert len(rows) == 10, "the README's short table has ten rows"
+    named = [name for row in rows for name in row]
+    assert sorted(set(named) - set(configuration_table())) == [], "the README names a setting the table lacks"
+    assert len(named) == len(set(named)), "a setting is listed twice"
 
 
 def test_every_chatq_variable_the_pages_name_is_a_setting() -> None:
