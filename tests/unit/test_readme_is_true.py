@@ -1,7 +1,8 @@
 """The README and docs/ say only what the code does: every setting is in the
-configuration table and every row of it is a setting; every metric they name is
-exported and every exported metric is named; every ``make`` target and ``chatq``
-command they show exists; every link to docs/ and every #anchor resolves."""
+configuration table (docs/configuration.md) and every row of it is a setting, and the
+README's ten settings are rows of it; every metric they name is exported and every
+exported metric is in the metrics table (docs/operations.md); every ``make`` target and
+``chatq`` command they show exists; every link to docs/ and every #anchor resolves."""
 
 from __future__ import annotations
 
@@ -18,6 +19,8 @@ from shared.settings import Settings
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
 DOCS = sorted((ROOT / "docs").glob("*.md"))
+CONFIGURATION = ROOT / "docs" / "configuration.md"
+OPERATIONS = ROOT / "docs" / "operations.md"
 PAGES = [README, *DOCS]
 
 FENCE = re.compile(r"^ *```.*?^ *```", re.M | re.S)
@@ -38,26 +41,45 @@ def code_of(page: Path) -> str:
     return "\n".join([*FENCE.findall(body), *CODE_SPAN.findall(FENCE.sub("", body))])
 
 
+def section(page: Path, heading: str) -> str:
+    """The text under ``heading`` (a whole line, such as ``## Every setting``) up to the next heading."""
+    parts = text(page).split(f"\n{heading}\n", 1)
+    assert len(parts) == 2, f"{page.name} has no {heading!r}"
+    return parts[1].split("\n#", 1)[0]
+
+
+def setting_rows(table: str) -> list[list[str]]:
+    """The setting names in the first column of each row of a settings table."""
+    return [
+        re.findall(r"CHATQ_[A-Z0-9_]+", line.split("|")[1])
+        for line in table.splitlines()
+        if line.startswith("| CHATQ_")
+    ]
+
+
 def configuration_table() -> list[str]:
-    """The setting names in the first column of README's configuration table."""
-    section = text(README).split("\n### Every setting\n", 1)[1].split("\n#", 1)[0]
-    names: list[str] = []
-    for line in section.splitlines():
-        if line.startswith("| CHATQ_"):
-            names += re.findall(r"CHATQ_[A-Z0-9_]+", line.split("|")[1])
-    return names
+    """The setting names in the first column of the configuration table (docs/configuration.md)."""
+    return [name for row in setting_rows(section(CONFIGURATION, "## Every setting")) for name in row]
 
 
-def test_the_readme_has_a_configuration_table_with_rows() -> None:
+def test_the_docs_have_a_configuration_table_with_rows() -> None:
     assert len(configuration_table()) > 40
 
 
-def test_every_setting_is_in_the_readmes_configuration_table_and_every_row_is_a_setting() -> None:
+def test_every_setting_is_in_the_configuration_table_and_every_row_is_a_setting() -> None:
     settings = {f"CHATQ_{name.upper()}" for name in Settings.model_fields}
     table = configuration_table()
-    assert sorted(settings - set(table)) == [], "settings missing from README's configuration table"
-    assert sorted(set(table) - settings) == [], "README's configuration table lists what is not a setting"
+    assert sorted(settings - set(table)) == [], "settings missing from the configuration table"
+    assert sorted(set(table) - settings) == [], "the configuration table lists what is not a setting"
     assert len(table) == len(set(table)), "a setting is listed twice"
+
+
+def test_the_readme_has_ten_settings_and_each_is_in_the_configuration_table() -> None:
+    rows = setting_rows(section(README, "## The ten settings a seller touches"))
+    assert len(rows) == 10, "the README's short table has ten rows"
+    named = [name for row in rows for name in row]
+    assert sorted(set(named) - set(configuration_table())) == [], "the README names a setting the table lacks"
+    assert len(named) == len(set(named)), "a setting is listed twice"
 
 
 def test_every_chatq_variable_the_pages_name_is_a_setting() -> None:
@@ -89,7 +111,7 @@ def test_the_code_exports_metrics_to_compare_with() -> None:
     assert {"chatq_webhooks_total", "chatq_retries_total", "chatq_backlog"} <= exported_metrics()
 
 
-def test_every_metric_the_pages_name_is_exported_and_every_exported_metric_is_in_the_readme() -> None:
+def test_every_metric_the_pages_name_is_exported_and_every_exported_metric_is_in_the_metrics_table() -> None:
     exported = exported_metrics()
     # The services' Postgres roles (chatq_receiver, ...) are named chatq_ too.
     not_metrics = sql_functions() | {role_name("chatq", s) for s in SERVICES}
@@ -100,12 +122,12 @@ def test_every_metric_the_pages_name_is_exported_and_every_exported_metric_is_in
             if n not in not_metrics and not n.startswith("chatq_test_")
         }
         assert sorted(named - exported) == [], f"{page.name} names metrics the code does not export"
-    table = text(README).split("\n### Metrics\n", 1)[1].split("\n#", 1)[0]
+    table = section(OPERATIONS, "## Metrics")
     in_table = {
         row.split("|")[1].strip().split("{")[0] for row in table.splitlines() if row.startswith("| chatq_")
     }
-    assert sorted(exported - in_table) == [], "exported metrics missing from README's metrics table"
-    assert sorted(in_table - exported) == [], "README's metrics table lists what is not exported"
+    assert sorted(exported - in_table) == [], "exported metrics missing from the metrics table"
+    assert sorted(in_table - exported) == [], "the metrics table lists what is not exported"
 
 
 def make_targets() -> set[str]:
