@@ -99,6 +99,8 @@ class Answer:
 
 
 def receiver_app(**settings: Any) -> tuple[ReceiverApp, FakeIntake]:
+    # A failing store is tried again for the whole hold (50 s in production): 0.5 s here.
+    settings.setdefault("webhook_hold_seconds", 0.5)
     app = create_app(
         Settings(
             telegram_webhook_secret=TELEGRAM_SECRET,
