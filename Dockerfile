@@ -23,6 +23,7 @@ COPY shared ./shared
 COPY services ./services
 COPY platforms ./platforms
 COPY chatq ./chatq
+COPY stores ./stores
 RUN /opt/chatq/bin/pip install --no-deps -c constraints.txt . \
  && /opt/chatq/bin/python -m compileall -q /opt/chatq/lib
 

@@ -14,7 +14,7 @@ export CHATQ_TEST_DATABASE_URL CHATQ_TEST_AMQP_URL CHATQ_TEST_RABBITMQ_API_URL
 
 PYTEST_ARGS ?=
 
-.PHONY: install test containers unit integration e2e lint types run demo chaos soak migrate definitions services-check bench tools-bench tools-test cluster cluster-stop clean
+.PHONY: install test check containers unit integration e2e lint types run demo chaos soak migrate definitions services-check bench tools-bench tools-test tools-unit tools-e2e cluster cluster-stop clean
 
 install: $(STAMP)
 
@@ -29,14 +29,19 @@ services-check: install
 	$(BIN)/python -m chatq.preflight --database-url "$(CHATQ_TEST_DATABASE_URL)" \
 	  --amqp-url "$(CHATQ_TEST_AMQP_URL)" --rabbitmq-api-url "$(CHATQ_TEST_RABBITMQ_API_URL)"
 
-# Tools the tests drive: promtool (Debian's prometheus package) for the alert rules and
-# their unit tests, amtool (prometheus-alertmanager) for the Alertmanager config, Chromium
-# for the operations page, kubectl's kustomize for deploy/k8s.
-tools-test:
+# Tools the tests drive. The unit tests: promtool (Debian's prometheus package) for the
+# alert rules and their unit tests, amtool (prometheus-alertmanager) for the Alertmanager
+# config, kubectl's kustomize for deploy/k8s. The e2e tests add Chromium for the
+# operations page.
+tools-unit:
 	@command -v promtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus >/dev/null; }
 	@command -v amtool >/dev/null || { apt-get update -qq && apt-get install -y -qq --no-install-recommends prometheus-alertmanager >/dev/null; }
-	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
 	@command -v kubectl >/dev/null || command -v kustomize >/dev/null || { echo "need kubectl or kustomize on PATH to render deploy/k8s"; exit 1; }
+
+tools-e2e:
+	@command -v chromium >/dev/null || { apt-get update -qq && apt-get install -y -qq chromium >/dev/null; }
+
+tools-test: tools-unit tools-e2e
 
 # Every test: unit, integration and e2e, after the type check, then the containers. Exit
 # 5 (no tests collected) is a failure.
@@ -52,13 +57,20 @@ test: install types tools-test services-check
 containers: install
 	bash tests/containers/run.sh
 
-unit: install tools-test
+unit: install tools-unit
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
+
+# The inner loop, under a minute: lint, types and the unit tests (no services needed).
+check: install tools-unit
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+	$(BIN)/mypy
+	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
 
 integration: install services-check
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
 
-e2e: install services-check
+e2e: install tools-e2e services-check
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)
 
 lint: install types

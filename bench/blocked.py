@@ -33,10 +33,10 @@ import asyncpg
 
 from bench.support import RESULTS, add_infra_arguments, drop_database, fresh_database
 from services.coalescer.service import Coalescer
-from services.coalescer.stores import _CLAIM_DUE, _NEXT_DUE
-from services.coalescer.windows import WindowPolicy
 from shared.db import create_pool
 from shared.messages import InboundMessage
+from stores.windows.postgres import _CLAIM_DUE, _NEXT_DUE
+from stores.windows.window import WindowPolicy
 
 SEED = """
 INSERT INTO operations (id, platform, account_id, chat_id, message_id, author_id, text, sent_at, status,

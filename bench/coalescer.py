@@ -36,8 +36,6 @@ from bench.blocked import cpu_seconds
 from bench.support import RESULTS, add_infra_arguments, drop_database, fresh_database, private_vhost
 from services.coalescer.app import inbound_consumer
 from services.coalescer.service import Coalescer
-from services.coalescer.stores import _CLAIM_DUE
-from services.coalescer.windows import WindowPolicy
 from shared.broker.connection import BrokerConnection
 from shared.broker.publisher import ConfirmingPublisher, OutgoingMessage
 from shared.broker.topology import (
@@ -52,6 +50,8 @@ from shared.messages import InboundMessage
 from shared.metrics import ACK_MESSAGES
 from shared.outbox import Relay
 from shared.settings import Settings
+from stores.windows.postgres import _CLAIM_DUE
+from stores.windows.window import WindowPolicy
 
 SEED = """
 INSERT INTO operations (id, platform, account_id, chat_id, message_id, author_id, text, sent_at, status,

@@ -584,7 +584,7 @@ class Settings(BaseSettings):
         """The most connections the pool of one process of ``service`` opens:
         DATABASE_POOL_SIZE, and for the responder one more for every RESPONDER_BATCH_JOBS
         jobs in flight: they share it for their claims and records all along
-        (services/responder/batches.py), while their other queries (listings, tokens,
+        (stores/jobs/batches.py), while their other queries (listings, tokens,
         hooks) borrow from the DATABASE_POOL_SIZE beside them for a statement."""
         if service == "responder":
             return math.ceil(self.responder_concurrency / self.responder_batch_jobs) + self.database_pool_size

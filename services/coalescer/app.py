@@ -12,7 +12,6 @@ import httpx
 
 from services.coalescer.service import Coalescer
 from services.coalescer.sweeper import JobSweeper
-from services.coalescer.windows import WindowPolicy
 from shared import metrics
 from shared.accounts import AccountRegistry
 from shared.alerts import Alerter
@@ -26,6 +25,7 @@ from shared.outbox import Relay
 from shared.retention import Retention
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
+from stores.windows.window import WindowPolicy
 
 logger = logging.getLogger(__name__)
 

@@ -22,8 +22,6 @@ import asyncpg
 from prometheus_client import Counter, Gauge, Histogram
 from pydantic import ValidationError
 
-from services.coalescer.stores import Filing, PgWindowStore, Refused, WindowSession, WindowStore
-from services.coalescer.windows import Window, WindowPolicy, on_message
 from shared import metrics
 from shared.alerts import Alerter
 from shared.broker.consumer import Reject
@@ -31,6 +29,9 @@ from shared.broker.delivery import Delivery
 from shared.faults import fault_point
 from shared.ids import derived_id, new_id
 from shared.messages import InboundMessage, JobCaps, JobMessage, ReplyJob
+from stores.windows.postgres import PgWindowStore
+from stores.windows.protocol import Filing, Refused, WindowSession, WindowStore
+from stores.windows.window import Window, WindowPolicy, on_message
 
 logger = logging.getLogger(__name__)
 

@@ -16,7 +16,6 @@ from platforms.ratelimit import AccountRateLimiter
 from services.responder.connections import BusinessConnections
 from services.responder.echoes import Echoes
 from services.responder.handler import Responder
-from services.responder.idempotency import JobStore
 from services.responder.listings import Listings
 from services.responder.reply_check import ReplyCheck
 from services.responder.writers import AccountWriters, build_writer
@@ -30,6 +29,7 @@ from shared.broker.topology import RESPONDER_DEAD_QUEUE, RESPONDER_QUEUE
 from shared.ops_http import READINESS_SECONDS, consumer_readiness, ops_server, readiness_gauges
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
+from stores.jobs.postgres import JobStore
 
 logger = logging.getLogger(__name__)
 

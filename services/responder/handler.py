@@ -24,12 +24,10 @@ from platforms.failures import Failure, Kind
 from platforms.telegram.adapter import TelegramPlatform
 from services.responder.connections import BusinessConnections
 from services.responder.echoes import CLOCK_SKEW_SECONDS, Echoes
-from services.responder.idempotency import AccountStopped, Job, JobBusy, JobWithdrawn, Part, Reconcile, Skip
 from services.responder.listings import Listings
-from services.responder.llm import ReplyWriter, Turn, Writing
+from services.responder.llm import ReplyWriter, Writing
 from services.responder.parts import split_reply
 from services.responder.reply_check import ReplyCheck
-from services.responder.stores import JobSession, JobStorage
 from services.responder.writers import AccountWriters
 from shared import metrics
 from shared.alerts import Alerter
@@ -40,6 +38,18 @@ from shared.messages import ReplyJob
 from shared.retry import attempt_of
 from shared.settings import DEFAULT_GREETING
 from shared.state.job import DeliveryStatus
+from stores.jobs.protocol import (
+    AccountStopped,
+    Job,
+    JobBusy,
+    JobSession,
+    JobStorage,
+    JobWithdrawn,
+    Part,
+    Reconcile,
+    Skip,
+    Turn,
+)
 
 logger = logging.getLogger(__name__)
 

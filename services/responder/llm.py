@@ -17,12 +17,7 @@ from platforms.failures import Failure, Kind, classify_llm
 from shared import metrics
 from shared.accounts import FACTS_FILE_NAME
 from shared.messages import PromptBounds
-
-
-@dataclass(frozen=True)
-class Turn:
-    role: str  # "buyer" | "bot"
-    text: str
+from stores.jobs.protocol import Turn
 
 
 @dataclass

@@ -16,8 +16,9 @@ from hypothesis import strategies as st
 
 from services.coalescer.app import policy_from
 from services.coalescer.service import Coalescer, job_id_for
-from services.responder.idempotency import Job, JobStore
 from shared.messages import InboundMessage, JobCaps, chat_key
+from stores.jobs.postgres import JobStore
+from stores.jobs.protocol import Job
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, replace
 from tests.fakes.platforms import FakeWorld
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update

@@ -396,7 +396,8 @@ async def test_a_known_record_waits_for_the_job_while_another_consumer_holds_it(
     behind that consumer's back, the claim is refused as busy, and once that consumer lets
     go the record is made with the id, before anything else (the review of issue 40 found
     it made without the job's lock)."""
-    from services.responder.idempotency import JobBusy, JobStore, Skip, Unrecorded
+    from stores.jobs.postgres import JobStore, Unrecorded
+    from stores.jobs.protocol import JobBusy, Skip
     from tests.integration.test_before_send_batch import job_in_flight
 
     async with pool.acquire() as conn:

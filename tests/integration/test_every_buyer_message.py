@@ -495,7 +495,7 @@ async def test_an_avito_echo_long_after_its_reply_went_to_a_person_settles_it_an
 async def test_a_persons_command_and_an_echo_of_the_same_chat_take_their_locks_in_one_order(
     pipeline: Pipeline, world: FakeWorld, pool: asyncpg.Pool
 ) -> None:
-    from services.receiver.admin.stores import PgOperationStore
+    from stores.operations.postgres import PgOperationStore
 
     world.fail("telegram.send", "lost")
     asked = await pipeline.post_telegram(telegram_business_update(80, connection="biz-r7", customer=3600))

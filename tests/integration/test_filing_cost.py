@@ -16,9 +16,9 @@ import asyncpg
 import pytest
 
 from services.coalescer.service import Coalescer
-from services.coalescer.windows import WindowPolicy
 from shared.db import create_pool
 from shared.messages import InboundMessage
+from stores.windows.window import WindowPolicy
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 

@@ -11,8 +11,9 @@ from datetime import UTC, datetime, timedelta
 import asyncpg
 import pytest
 
-from services.responder.idempotency import Job, JobBusy, JobStore, Reconcile, Skip
 from shared.broker.consumer import Reject
+from stores.jobs.postgres import JobStore
+from stores.jobs.protocol import Job, JobBusy, Reconcile, Skip
 from tests.support.broker import wait_for
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]

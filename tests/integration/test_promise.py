@@ -21,8 +21,6 @@ import pytest
 
 from services.responder.app import build_platforms
 from services.responder.handler import Responder
-from services.responder.idempotency import JobStore
-from services.responder.llm import Turn
 from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer, RetryLater, RetryTiers
@@ -40,6 +38,8 @@ from shared.metrics import RETRIES
 from shared.ops_http import consumer_readiness
 from shared.retry import ATTEMPT_HEADER
 from shared.state.job import lock_key
+from stores.jobs.postgres import JobStore
+from stores.jobs.protocol import Turn
 from tests.conftest import AVITO_SECRET, TEST_TOPOLOGY, replace
 from tests.fakes.platforms import FakeWorld
 from tests.integration.test_relay import via_proxy

@@ -15,8 +15,8 @@ from typing import Any
 import asyncpg
 import pytest
 
-from services.coalescer.stores import _CLAIM_DUE, PgWindowStore
 from services.coalescer.sweeper import _STUCK
+from stores.windows.postgres import _CLAIM_DUE, PgWindowStore
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
@@ -307,7 +307,7 @@ async def in_transit(conn: asyncpg.Connection, account: str, chat: str, received
 async def test_an_account_is_not_alone_while_another_accounts_due_window_waits_for_a_message_in_transit(
     pool: asyncpg.Pool,
 ) -> None:
-    """The in-memory store (tests/fakes/windows.py) must decide as this claim does
+    """The in-memory store (stores/windows/fake.py) must decide as this claim does
     (tests/unit/test_coalescer_branches.py has the same case)."""
     now = datetime.now(UTC)
     async with pool.acquire() as conn, conn.transaction():

@@ -1,5 +1,5 @@
 """A person's commands (services/receiver/commands.py) on the in-memory store
-(tests/fakes/operations.py): retry and resolve, with the rest of the reply job, the
+(stores/operations/fake.py): retry and resolve, with the rest of the reply job, the
 confirmation a needs_review re-send needs, and the refusals. The same commands against
 Postgres, through the admin API: tests/integration/test_admin_api.py."""
 
@@ -13,7 +13,7 @@ from platforms.inbound import ApiError
 from services.receiver.admin import commands
 from shared.state.job import JobStatus
 from shared.state.operation import OperationStatus
-from tests.fakes.operations import InMemoryOperations
+from stores.operations.fake import InMemoryOperations
 
 pytestmark = pytest.mark.unit
 S = OperationStatus

@@ -1,5 +1,5 @@
 """The coalescer filing in batches, through the one consumer wrapper, on the in-memory store
-(tests/fakes/windows.py) and deliveries that record how they were settled: a batch of
+(stores/windows/fake.py) and deliveries that record how they were settled: a batch of
 several chats in one transaction and one ack, a poison message failing alone, redeliveries
 filing nothing twice, and how the consumer gathers deliveries into batches. The same
 against Postgres and RabbitMQ: tests/integration/test_coalescer.py."""
@@ -16,13 +16,13 @@ import pytest
 
 from services.coalescer.app import inbound_consumer
 from services.coalescer.service import Coalescer
-from services.coalescer.windows import WindowPolicy
 from shared.broker.consumer import BatchHandler, Batching, Consumer
 from shared.broker.topology import build_topology
 from shared.messages import InboundMessage
 from shared.settings import Settings
 from shared.state.operation import OperationStatus
-from tests.fakes.windows import InMemoryWindows
+from stores.windows.fake import InMemoryWindows
+from stores.windows.window import WindowPolicy
 
 pytestmark = pytest.mark.unit
 

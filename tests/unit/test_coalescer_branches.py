@@ -1,5 +1,5 @@
 """The coalescer's filing and emission decisions on the in-memory store
-(tests/fakes/windows.py): opening and growing a window, redeliveries, messages not in the
+(stores/windows/fake.py): opening and growing a window, redeliveries, messages not in the
 inbox, due and not due, blocked chats, messages in transit, the cap on a job, empty
 windows, a refused window set aside alone, and giving up on an unfiled message. The same
 decisions against Postgres: tests/integration/test_coalescer.py and test_chat_identity.py."""
@@ -12,12 +12,12 @@ from datetime import timedelta
 import pytest
 
 from services.coalescer.service import Coalescer, job_id_for
-from services.coalescer.stores import Filing
-from services.coalescer.windows import WindowPolicy, open_window
 from shared.broker.consumer import Reject
 from shared.messages import InboundMessage, JobCaps
 from shared.state.operation import OperationStatus
-from tests.fakes.windows import InMemoryWindows
+from stores.windows.fake import InMemoryWindows
+from stores.windows.protocol import Filing
+from stores.windows.window import WindowPolicy, open_window
 
 pytestmark = pytest.mark.unit
 

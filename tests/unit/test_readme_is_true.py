@@ -94,7 +94,11 @@ def test_every_chatq_variable_the_pages_name_is_a_setting() -> None:
 
 def exported_metrics() -> set[str]:
     names: set[str] = set()
-    for source in [p for top in ("shared", "services", "platforms", "stores", "chatq") for p in (ROOT / top).rglob("*.py")]:
+    for source in [
+        p
+        for top in ("shared", "services", "platforms", "stores", "chatq")
+        for p in (ROOT / top).rglob("*.py")
+    ]:
         names |= set(METRIC_DEFINITION.findall(source.read_text(encoding="utf-8")))
     return names
 

@@ -8,8 +8,7 @@ from datetime import UTC, datetime
 import pytest
 
 from services.responder.handler import for_the_writer, is_command
-from services.responder.idempotency import Job, Message
-from services.responder.llm import Turn
+from stores.jobs.protocol import Job, Message, Turn
 
 pytestmark = pytest.mark.unit
 

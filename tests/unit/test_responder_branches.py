@@ -1,4 +1,4 @@
-"""The responder's branches on the in-memory store (tests/fakes/jobs.py): fresh, final,
+"""The responder's branches on the in-memory store (stores/jobs/fake.py): fresh, final,
 superseded, busy, interrupted send, fold-in and unknown outcome, each in milliseconds.
 The same decisions against Postgres: tests/integration/test_job_claim.py,
 test_responder.py and test_promise.py."""
@@ -15,13 +15,13 @@ import pytest
 from platforms.base import Listing, Sent, SentQuery
 from platforms.failures import Failure, Kind
 from services.responder.handler import Responder
-from services.responder.llm import Turn
 from shared.alerts import Alerter
 from shared.broker.consumer import RetryLater
 from shared.messages import JobMessage, ReplyJob
 from shared.state.job import DeliveryStatus, JobStatus
 from shared.state.operation import OperationStatus
-from tests.fakes.jobs import T0, FakeDelivery, InMemoryJobs
+from stores.jobs.fake import T0, FakeDelivery, InMemoryJobs
+from stores.jobs.protocol import Turn
 
 pytestmark = pytest.mark.unit
 

@@ -12,8 +12,8 @@ import pytest
 
 from services.coalescer import service
 from services.coalescer.service import Coalescer
-from services.coalescer.windows import WindowPolicy
-from tests.fakes.windows import InMemoryWindows
+from stores.windows.fake import InMemoryWindows
+from stores.windows.window import WindowPolicy
 from tests.support.broker import wait_for
 
 pytestmark = pytest.mark.unit

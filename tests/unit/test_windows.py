@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from services.coalescer.windows import Window, WindowPolicy, add_message, is_due, on_message, open_window
+from stores.windows.window import Window, WindowPolicy, add_message, is_due, on_message, open_window
 
 pytestmark = pytest.mark.unit
 

@@ -9,9 +9,9 @@ from dataclasses import dataclass
 from typing import Literal
 
 from platforms.inbound import ApiError
-from services.receiver.admin.stores import Closing, Locked, OperationSession, OperationStore
 from shared.state import operation as operation_state
 from shared.state.operation import OperationStatus
+from stores.operations.protocol import Closing, Locked, OperationSession, OperationStore
 
 Resolution = Literal["replied_manually", "dismissed"]
 

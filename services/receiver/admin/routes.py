@@ -15,8 +15,8 @@ from pydantic import BaseModel, ConfigDict, Field
 from platforms.inbound import ApiError
 from services.receiver.admin import commands, models, read
 from services.receiver.admin.auth import require_admin
-from services.receiver.admin.stores import PgOperationStore
 from shared.metrics import RETRIES
+from stores.operations.postgres import PgOperationStore
 
 router = APIRouter()
 

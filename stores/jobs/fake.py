@@ -1,4 +1,4 @@
-"""The responder's state in memory: an implementation of ``services.responder.stores``
+"""The responder's state in memory: an implementation of ``stores.jobs.protocol``
 that takes the decisions of shared/functions/30_jobs.sql (claim, before send, record,
 give up) on dicts, and moves every status through the same transition tables as
 Postgres (shared/state: a move they refuse raises TransitionNotAllowed). The handler's
@@ -14,14 +14,13 @@ from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
 from platforms.base import Attempts
-from services.responder.idempotency import Job, JobBusy, JobWithdrawn, Message, Part, Reconcile, Settled, Skip
-from services.responder.stores import Row
 from shared.broker.consumer import Reject
 from shared.messages import chat_key
 from shared.state import job as job_state
 from shared.state import operation as operation_state
 from shared.state.job import DeliveryStatus, JobStatus
 from shared.state.operation import OperationStatus
+from stores.jobs.protocol import Job, JobBusy, JobWithdrawn, Message, Part, Reconcile, Row, Settled, Skip
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 _ANSWERABLE = (

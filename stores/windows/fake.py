@@ -1,4 +1,4 @@
-"""The coalescer's state in memory: an implementation of ``services.coalescer.stores`` that
+"""The coalescer's state in memory: an implementation of ``stores.windows.postgres`` that
 takes the decisions of its Postgres side (the chat's lock and what it reads, the claim of
 due windows, platform order, the writes of an emission, setting a window aside) on dicts,
 and moves every operation through the same transition table as Postgres (shared/state: a
@@ -17,11 +17,11 @@ from datetime import UTC, datetime, timedelta
 
 import asyncpg
 
-from services.coalescer.stores import ChatState, DueWindow, Filing, Listed, Refused, WindowSession
-from services.coalescer.windows import Window
 from shared.messages import InboundMessage, JobMessage, Platform, ReplyJob, chat_key
 from shared.state import operation as operation_state
 from shared.state.operation import OperationStatus
+from stores.windows.protocol import ChatState, DueWindow, Filing, Listed, Refused, WindowSession
+from stores.windows.window import Window
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 S = OperationStatus

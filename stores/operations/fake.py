@@ -14,12 +14,12 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 
-from services.receiver.admin.stores import Closing, Locked, OperationSession
 from shared.messages import InboundMessage
 from shared.state import job as job_state
 from shared.state import operation as operation_state
 from shared.state.job import JobStatus
 from shared.state.operation import OperationStatus
+from stores.operations.protocol import Closing, Locked, OperationSession
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 S = OperationStatus

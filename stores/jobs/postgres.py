@@ -25,16 +25,26 @@ import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
 from platforms.base import Attempts
-from services.responder.batches import SharedConnection, lost
-from services.responder.llm import Turn
 from shared import metrics
 from shared.broker.consumer import Outcome, Reject, classify
 from shared.db import Conn, announce_jobs_ended, one
 from shared.messages import JobCaps
-from shared.messages import chat_key as make_chat_key
 from shared.state import account as account_state
 from shared.state import job as job_state
 from shared.state.job import DeliveryStatus, lock_key
+from stores.jobs.batches import SharedConnection, lost
+from stores.jobs.protocol import (
+    AccountStopped,
+    Job,
+    JobBusy,
+    JobWithdrawn,
+    Message,
+    Part,
+    Reconcile,
+    Settled,
+    Skip,
+    Turn,
+)
 
 logger = logging.getLogger(__name__)
 
@@ -43,97 +53,8 @@ ItemT = TypeVar("ItemT")
 R = TypeVar("R")
 
 
-@dataclass(frozen=True)
-class Message:
-    operation_id: uuid.UUID
-    message_id: str
-    text: str
-    sent_at: datetime
-    received_at: datetime
-
-
-@dataclass(frozen=True)
-class Job:
-    job_id: uuid.UUID
-    platform: str
-    account_id: str
-    chat_id: str
-    messages: tuple[Message, ...]
-    #: The chat's last turns before this job (buyer messages and our replies), oldest first.
-    history: tuple[Turn, ...] = ()
-    #: Why the job's account may not send now (paused), or None.
-    account_paused: str | None = None
-    #: Telegram Business: the connection the reply goes through, or None.
-    business_connection_id: str | None = None
-
-    @property
-    def chat_key(self) -> str:
-        return make_chat_key(self.platform, self.account_id, self.chat_id)
-
-    @property
-    def operation_ids(self) -> list[uuid.UUID]:
-        return [m.operation_id for m in self.messages]
-
-
-@dataclass(frozen=True)
-class Part:
-    """One part of a long reply, as recorded."""
-
-    text: str
-    status: DeliveryStatus
-    message_id: str | None
-    started_at: datetime
-
-
-@dataclass(frozen=True)
-class Skip:
-    reason: str
-
-
-@dataclass(frozen=True)
-class Reconcile:
-    """A job some attempt of which may have sent: ``text`` is what it sent, from the first
-    such attempt (``since``) to the latest (``started_at``)."""
-
-    job: Job
-    text: str
-    started_at: datetime
-    delivery_status: str
-    since: datetime
-
-
-@dataclass(frozen=True)
-class Settled:
-    """What giving up changed, for alerts and metrics: ``outcome`` is failed or
-    needs_review, or busy / final when nothing changed."""
-
-    job_id: uuid.UUID
-    outcome: str
-    chat_key: str
-    operation_ids: list[uuid.UUID]
-
-
-class JobWithdrawn(Exception):
-    """The seller answered the chat in person since the job was built: nothing was sent, and
-    the job and its messages are settled (superseded; "answered by the seller")."""
-
-
-class AccountStopped(Exception):
-    """A person paused or removed the job's account since the job was claimed: nothing was
-    sent, no intent recorded. ``removed``: the job fails with the reason; else it waits."""
-
-    def __init__(self, reason: str, *, removed: bool) -> None:
-        super().__init__(reason)
-        self.reason = reason
-        self.removed = removed
-
-
 #: chatq_before_send's SQLSTATEs for an account removed, or paused, meanwhile.
 _ACCOUNT_REMOVED, _ACCOUNT_PAUSED = "CQ001", "CQ002"
-
-
-class JobBusy(Exception):
-    """Another handler (a redelivery racing the first) is working on this job now."""
 
 
 @dataclass
@@ -178,7 +99,7 @@ class JobStore:
     @contextlib.asynccontextmanager
     async def exclusive(self, job_id: uuid.UUID) -> AsyncIterator[PgJobSession]:
         """A session for the whole handling of a job, on a connection it shares with the
-        other jobs in flight (up to ``batch`` of them; services/responder/batches.py):
+        other jobs in flight (up to ``batch`` of them; stores/jobs/batches.py):
         their claims, delivery intents and records go as one statement each. The claim
         takes the job's session advisory lock on it, held across the platform call: a
         redelivered copy (the broker's, after a lost ack) that arrives while the first

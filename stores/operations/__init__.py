@@ -1,0 +1,1 @@
+"""Operations as a person's commands (retry, resolve) change them: ``protocol``, ``postgres``, ``fake``."""
