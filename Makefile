@@ -60,12 +60,13 @@ containers: install
 unit: install tools-unit
 	$(BIN)/python -m pytest tests/unit $(PYTEST_ARGS)
 
-# The inner loop, under a minute: lint, types and the unit tests (no services needed).
+# The inner loop, under a minute: lint, types, the unit tests and the contract suites
+# against the in-memory stores (no services needed).
 check: install tools-unit
 	$(BIN)/ruff check .
 	$(BIN)/ruff format --check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest tests/unit -q $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/unit tests/contract -q -m "not integration" $(PYTEST_ARGS)
 
 integration: install services-check
 	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)

@@ -100,17 +100,37 @@ class InMemoryJobs:
 
     # ---- seeding ------------------------------------------------------------------
 
-    def message(self, message_id: str, text: str | None = None) -> uuid.UUID:
-        op = FakeOperation(uuid.uuid4(), message_id, text or f"message {message_id}", self.now())
+    def message(
+        self,
+        message_id: str,
+        text: str | None = None,
+        *,
+        at: datetime | None = None,
+        status: OperationStatus = OperationStatus.WAITING,
+    ) -> uuid.UUID:
+        """A buyer message, sent ``at`` (the store's clock when not given)."""
+        op = FakeOperation(
+            uuid.uuid4(), message_id, text or f"message {message_id}", at or self.now(), status
+        )
         self.operations[op.id] = op
         return op.id
 
-    def job(self, *ops: uuid.UUID, platform: str = "telegram", chat_id: str = "77") -> uuid.UUID:
-        job = FakeJob(uuid.uuid4(), platform, "bot", chat_id, list(ops))
+    def job(
+        self,
+        *ops: uuid.UUID,
+        platform: str = "telegram",
+        chat_id: str = "77",
+        status: JobStatus = JobStatus.PENDING,
+    ) -> uuid.UUID:
+        job = FakeJob(uuid.uuid4(), platform, "bot", chat_id, list(ops), status=status)
         self.jobs[job.id] = job
         for op in ops:
             self.operations[op].job_id = job.id
         return job.id
+
+    def hold(self, op_id: uuid.UUID, job_id: uuid.UUID) -> None:
+        """The job holds the message: no other reply may take it (reply_coverage)."""
+        self.coverage[op_id] = job_id
 
     def arrive_in_window(self, job_id: uuid.UUID, *ops: uuid.UUID) -> None:
         """Messages of the job's chat that arrived after it was built (its open window)."""
