@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import asyncio
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 import asyncpg
@@ -21,9 +21,10 @@ from shared.state.operation import OperationStatus
 from stores.jobs.fake import InMemoryJobs
 from stores.jobs.postgres import JobStore
 from stores.jobs.protocol import Job, JobBusy, JobStorage, Reconcile, Skip
+from tests.contract import seed
 from tests.contract.conftest import MEMORY, ONE_BY_ONE, POSTGRES, backends, postgres_pool
 
-T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
+T0 = seed.T0
 SUPERSEDED = Skip("every message is answered or held by another reply")
 
 
@@ -83,54 +84,10 @@ class PostgresJobs:
         self.store = JobStore(pool, batch=batch)
 
     async def message(self, message_id: str, *, at: datetime = T0, status: str = "waiting") -> uuid.UUID:
-        op = uuid.uuid4()
-        await self.pool.execute(
-            """
-            INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id, text, sent_at,
-                                    status, received_at, payload)
-            VALUES ($1, 'telegram', 'bot', $2, '77', $2, $3, $4::timestamptz, $5,
-                    $4::timestamptz + interval '1 second', '{}')
-            """,
-            op,
-            message_id,
-            f"message {message_id}",
-            at,
-            status,
-        )
-        return op
+        return await seed.operation(self.pool, message_id, at=at, status=status)
 
     async def job(self, *ops: uuid.UUID, status: str = "pending", chat: str = "77") -> uuid.UUID:
-        window, job_id = uuid.uuid4(), uuid.uuid4()
-        await self.pool.execute(
-            """
-            INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
-                                      deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
-            VALUES ($1, $2, 'telegram', 'bot', $5, 'closed', $3, $3, $3, $3, 0, 1, $3, $4)
-            """,
-            window,
-            f"telegram:bot:{chat}",
-            T0,
-            job_id,
-            chat,
-        )
-        await self.pool.execute(
-            """
-            INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status,
-                                    operation_ids, reply_text, sent_at)
-            VALUES ($1, $2, $3, 'telegram', 'bot', $6, $4::text, $5,
-                    CASE WHEN $4 = 'sent' THEN 'an earlier reply' END, CASE WHEN $4 = 'sent' THEN now() END)
-            """,
-            job_id,
-            window,
-            f"telegram:bot:{chat}",
-            status,
-            list(ops),
-            chat,
-        )
-        await self.pool.execute(
-            "UPDATE operations SET job_id = $1 WHERE id = ANY($2::uuid[])", job_id, list(ops)
-        )
-        return job_id
+        return await seed.job(self.pool, list(ops), status=status, chat=chat)
 
     async def hold(self, op: uuid.UUID, job_id: uuid.UUID) -> None:
         await self.pool.execute(
