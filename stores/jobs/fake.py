@@ -2,8 +2,8 @@
 that takes the decisions of shared/functions/30_jobs.sql (claim, before send, record,
 give up) on dicts, and moves every status through the same transition tables as
 Postgres (shared/state: a move they refuse raises TransitionNotAllowed). The handler's
-branches run on it in milliseconds; tests/integration/test_job_claim.py and the other
-integration tests prove the Postgres side."""
+branches run on it in milliseconds; tests/contract/test_jobs.py runs the same bodies on
+it and on Postgres, so the two cannot drift apart unseen."""
 
 from __future__ import annotations
 

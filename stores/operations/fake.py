@@ -1,9 +1,9 @@
 """Operations a person acts on, in memory: an implementation of
-``services.receiver.stores`` that moves every operation and job through the same
+``stores.operations.protocol`` that moves every operation and job through the same
 transition tables as Postgres (shared/state: a move they refuse raises
 TransitionNotAllowed), and leaves nothing behind when a transaction raises. A person's
-commands (services/receiver/commands.py) run on it in milliseconds;
-tests/integration/test_admin_api.py proves the Postgres side."""
+commands (services/receiver/admin/commands.py) run on it in milliseconds;
+tests/contract/test_operations.py runs the same bodies on it and on Postgres."""
 
 from __future__ import annotations
 

@@ -1,10 +1,10 @@
-"""The coalescer's state in memory: an implementation of ``stores.windows.postgres`` that
+"""The coalescer's state in memory: an implementation of ``stores.windows.protocol`` that
 takes the decisions of its Postgres side (the chat's lock and what it reads, the claim of
 due windows, platform order, the writes of an emission, setting a window aside) on dicts,
 and moves every operation through the same transition table as Postgres (shared/state: a
 move it refuses raises TransitionNotAllowed). A transaction that raises leaves nothing
 behind. The coalescer's filing and emission decisions run on it in milliseconds;
-tests/integration/test_coalescer.py and test_chat_identity.py prove the Postgres side."""
+tests/contract/test_windows.py runs the same bodies on it and on Postgres."""
 
 from __future__ import annotations
 
