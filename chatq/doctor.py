@@ -34,7 +34,7 @@ from shared.broker.topology import build_topology
 from shared.logging import redact_url
 from shared.migrate import MigrationError, pending
 from shared.settings import GENERATE_HINT, Settings
-from shared.state import account as account_state
+from stores.accounts import postgres as account_state
 
 State = Literal["ok", "FAIL", "skipped"]
 #: A delivery error Telegram reports this recently means buyers' messages are not arriving.

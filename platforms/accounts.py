@@ -1,4 +1,4 @@
-"""Which adapter each account sends with, from the account registry (``shared.accounts``):
+"""Which adapter each account sends with, from the account registry (``stores.accounts.registry``):
 an account added with its credentials sends with them; every other account is the
 environment's. An adapter is built when first needed and again when the account's
 credentials change (a rotation needs no restart). The responder sends through it; the
@@ -17,9 +17,9 @@ from platforms.generic.adapter import GenericPlatform
 from platforms.ratelimit import AccountRateLimiter, SharedBudget
 from platforms.sandbox.adapter import SandboxPlatform
 from platforms.telegram.adapter import TelegramPlatform
-from shared.accounts import Account, AccountRegistry, account_problems
 from shared.secretbox import SecretBox
 from shared.settings import Settings
+from stores.accounts.registry import Account, AccountRegistry, account_problems
 
 
 class Unserved(Exception):

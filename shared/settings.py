@@ -44,7 +44,7 @@ MIN_DISTINCT_CHARACTERS = 8
 # Database statements of one reply job (claim, intent, record), in the drain arithmetic.
 JOB_BOOKKEEPING_SECONDS = 5.0
 #: Every process (receiver, coalescer, responder) holds one Postgres connection outside its
-#: pool, listening for account changes (``shared.accounts.AccountRegistry``).
+#: pool, listening for account changes (``stores.accounts.registry.AccountRegistry``).
 ACCOUNTS_LISTEN_CONNECTIONS = 1
 
 #: An account alone (no other account with a window due or a reply unfinished) may keep
@@ -303,6 +303,9 @@ class Settings(BaseSettings):
     # is reported unready; a reply job in flight untouched this long with no responder
     # holding it is published again; finished rows are purged after RETENTION_DAYS (0: never).
     consumer_stall_seconds: float = Field(default=300.0, gt=0)
+    # A handler's unexpected error (a bug, a poison input) is requeued after this pause,
+    # up to the queue's delivery limit, so a crash loop does not spin the CPU.
+    requeue_pause_seconds: float = Field(default=1.0, ge=0, le=60)
     stuck_job_seconds: float = Field(default=900.0, gt=0)
     retention_days: float = Field(default=30.0, ge=0)
     retention_interval_seconds: float = Field(default=300.0, gt=0)
@@ -315,7 +318,7 @@ class Settings(BaseSettings):
 
     def unreadable_policy(self, account: Any = None) -> str:
         """What the bot does with a message it cannot read alone, for ``account`` (an
-        ``shared.accounts.Account``): its own override, else UNREADABLE_MESSAGES."""
+        ``stores.accounts.registry.Account``): its own override, else UNREADABLE_MESSAGES."""
         override = account.override("unreadable_messages") if account is not None else None
         return str(override or self.unreadable_messages)
 
@@ -592,7 +595,7 @@ class Settings(BaseSettings):
 
     def database_connections(self, service: str) -> int:
         """The most Postgres connections one process of ``service`` holds: its pool's, and
-        the one outside it that listens for account changes (``shared.accounts``)."""
+        the one outside it that listens for account changes (``stores.accounts.registry``)."""
         return self.pool_connections(service) + ACCOUNTS_LISTEN_CONNECTIONS
 
     @property

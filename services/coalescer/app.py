@@ -13,7 +13,6 @@ import httpx
 from services.coalescer.service import Coalescer
 from services.coalescer.sweeper import JobSweeper
 from shared import metrics
-from shared.accounts import AccountRegistry
 from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Batching, Consumer
@@ -25,6 +24,7 @@ from shared.outbox import Relay
 from shared.retention import Retention
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
+from stores.accounts.registry import AccountRegistry
 from stores.windows.window import WindowPolicy
 
 logger = logging.getLogger(__name__)
@@ -69,6 +69,7 @@ def inbound_consumer(
         prefetch=settings.coalescer_prefetch,
         on_give_up=coalescer.give_up,
         delivery_limit=topology.queue(COALESCER_QUEUE).delivery_limit,
+        requeue_pause=settings.requeue_pause_seconds,
         batching=Batching(
             coalescer.handle_batch,
             size=settings.coalescer_file_batch_messages,
@@ -124,6 +125,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         COALESCER_DEAD_QUEUE,
         DeadLetterRecorder(pool, COALESCER_DEAD_QUEUE, coalescer.dead_lettered).handle,
         prefetch=10,
+        requeue_pause=settings.requeue_pause_seconds,
     )
     sweeper = JobSweeper(pool, stuck_seconds=settings.stuck_job_seconds)
     retention = Retention(pool, keep_seconds=settings.retention_days * 86400)

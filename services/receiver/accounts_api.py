@@ -18,7 +18,13 @@ from platforms.connect import ConnectError, connect_avito, connect_telegram
 from platforms.inbound import ApiError
 from services.receiver.admin import account_numbers, require_admin
 from services.receiver.admin.routes import NO_NUL
-from shared.accounts import (
+from shared.credentials import credential_problems
+from shared.db import one
+from shared.reply_url import ReplyUrlRefused
+from shared.secretbox import SecretsUnavailable
+from shared.settings import Settings
+from stores.accounts.postgres import pause_by_person, resume_by_person
+from stores.accounts.registry import (
     CREDENTIALS,
     FACTS_FILE_NAME,
     OVERRIDES,
@@ -27,11 +33,6 @@ from shared.accounts import (
     account_problems,
     path_key,
 )
-from shared.credentials import credential_problems
-from shared.db import one
-from shared.reply_url import ReplyUrlRefused
-from shared.secretbox import SecretsUnavailable
-from shared.settings import Settings
 
 router = APIRouter()
 
@@ -40,7 +41,7 @@ _ID = r"^[A-Za-z0-9][A-Za-z0-9_.\-]{0,127}$"
 
 
 class Credentials(BaseModel):
-    """An account's credentials; which ones a platform takes: ``shared.accounts.CREDENTIALS``.
+    """An account's credentials; which ones a platform takes: ``stores.accounts.registry.CREDENTIALS``.
     A webhook secret left out is made here (random), and ``chatq connect --account``
     registers it with the platform."""
 
@@ -450,17 +451,7 @@ async def pause_account(platform: str, account_id: str, body: PauseIn, request: 
     require_admin(request)
     pool: asyncpg.Pool = request.app.state.pool
     await _row(pool, platform, account_id)
-    moved = await pool.fetchval(
-        """
-        UPDATE accounts SET state = 'paused_by_person', state_reason = $3, state_since = now(),
-               next_probe_at = NULL, updated_at = now()
-        WHERE platform = $1 AND account_id = $2 AND removed_at IS NULL AND state <> 'paused_by_person'
-        RETURNING true
-        """,
-        platform,
-        account_id,
-        f"paused by {body.by}: {body.reason}",
-    )
+    moved = await pause_by_person(pool, platform, account_id, f"paused by {body.by}: {body.reason}")
     row = await _row(pool, platform, account_id)
     if not moved and row["removed_at"] is not None:
         raise ApiError(409, "account_removed", f"the {platform} account {account_id} was removed")
@@ -476,18 +467,7 @@ async def resume_account(platform: str, account_id: str, request: Request) -> di
     pool: asyncpg.Pool = request.app.state.pool
     await _row(pool, platform, account_id)
     _refuse_unservable(_registry(request), platform, account_id)
-    await pool.execute(
-        """
-        UPDATE accounts SET state = CASE WHEN state = 'paused_by_person' THEN 'active' ELSE state END,
-               state_reason = CASE WHEN state = 'paused_by_person' THEN NULL ELSE state_reason END,
-               state_since = CASE WHEN state = 'paused_by_person' THEN now() ELSE state_since END,
-               next_probe_at = CASE WHEN state = 'paused_by_platform' THEN now() ELSE next_probe_at END,
-               updated_at = now()
-        WHERE platform = $1 AND account_id = $2 AND state <> 'active' AND removed_at IS NULL
-        """,
-        platform,
-        account_id,
-    )
+    await resume_by_person(pool, platform, account_id)
     row = await _row(pool, platform, account_id)
     await _registry(request).refresh_account(platform, account_id)
     return account_view(row, _names(_registry(request), row))

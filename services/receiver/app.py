@@ -48,7 +48,6 @@ from services.receiver.limits import BodySizeLimit
 from services.receiver.openapi import json_body
 from services.receiver.recovery import AvitoRecovery
 from shared import metrics
-from shared.accounts import AccountRegistry, pause_incomplete, record_environment, record_seen
 from shared.alerts import Alerter
 from shared.broker.connection import BrokerConnection
 from shared.broker.topology import INBOUND_EXCHANGE
@@ -59,6 +58,7 @@ from shared.ops_http import READINESS_SECONDS, OpsServer, export_readiness, post
 from shared.outbox import Relay
 from shared.runner import Supervisor, serve
 from shared.settings import Settings, SettingsRefused
+from stores.accounts.registry import AccountRegistry, pause_incomplete, record_environment, record_seen
 
 logger = logging.getLogger(__name__)
 
@@ -129,7 +129,7 @@ class ReceiverApps:
         accounts = AccountRegistry.from_settings(pool, settings)
         await accounts.start()
         parts.closing("accounts", accounts)
-        await pause_incomplete(pool, accounts)  # as the responder does (shared.accounts)
+        await pause_incomplete(pool, accounts)  # as the responder does (stores.accounts.registry)
         broker = parts.broker("chatq-receiver-relay")
         relay = None
         if settings.relay_enabled:

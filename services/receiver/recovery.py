@@ -13,7 +13,7 @@ Which messages: a chat's buyer messages after the seller's latest message writte
 stop nothing), not older than ``RECOVERY_HORIZON_SECONDS``; at an account's first poll,
 those older than AVITO_BACKFILL_SECONDS are recorded as left to the seller.
 
-Which accounts: every Avito account of the account registry (``shared.accounts``, kept
+Which accounts: every Avito account of the account registry (``stores.accounts.registry``, kept
 current by its notifications: one added while the receiver runs is read the next round)
 that is active, each with the credentials it answers with (the responder's
 ``AccountPlatforms``): an account added with its own (``chatq accounts add``) with those,
@@ -42,9 +42,9 @@ from platforms.inbound import ApiError, Intake
 from platforms.ratelimit import BudgetSpent
 from services.receiver.intake import Stored, store
 from shared import metrics
-from shared.accounts import AccountRegistry, record_seen
 from shared.alerts import Alerter
-from shared.state import account as account_state
+from stores.accounts import postgres as account_state
+from stores.accounts.registry import AccountRegistry, record_seen
 
 logger = logging.getLogger(__name__)
 

@@ -20,7 +20,6 @@ from services.responder.listings import Listings
 from services.responder.reply_check import ReplyCheck
 from services.responder.writers import AccountWriters, build_writer
 from shared import metrics
-from shared.accounts import AccountRegistry, pause_incomplete
 from shared.alerts import Alerter
 from shared.broker.consumer import Consumer, RetryTiers
 from shared.broker.dead_letters import DeadLetterRecorder
@@ -29,6 +28,7 @@ from shared.broker.topology import RESPONDER_DEAD_QUEUE, RESPONDER_QUEUE
 from shared.ops_http import READINESS_SECONDS, consumer_readiness, ops_server, readiness_gauges
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
+from stores.accounts.registry import AccountRegistry, pause_incomplete
 from stores.jobs.postgres import JobStore
 
 logger = logging.getLogger(__name__)
@@ -127,6 +127,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         on_give_up=responder.give_up,
         on_retry=responder.retry_scheduled,
         delivery_limit=parts.topology.queue(RESPONDER_QUEUE).delivery_limit,
+        requeue_pause=settings.requeue_pause_seconds,
         acks_together=True,
     )
     dead = Consumer(
@@ -134,6 +135,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         RESPONDER_DEAD_QUEUE,
         DeadLetterRecorder(pool, RESPONDER_DEAD_QUEUE, responder.dead_lettered).handle,
         prefetch=10,
+        requeue_pause=settings.requeue_pause_seconds,
     )
     readiness = consumer_readiness(
         consumer, pool, stall_seconds=settings.consumer_stall_seconds, others=[dead]

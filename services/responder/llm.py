@@ -15,8 +15,8 @@ from typing import Protocol
 from platforms.base import Listing
 from platforms.failures import Failure, Kind, classify_llm
 from shared import metrics
-from shared.accounts import FACTS_FILE_NAME
 from shared.messages import PromptBounds
+from stores.accounts.registry import FACTS_FILE_NAME
 from stores.jobs.protocol import Turn
 
 

@@ -16,7 +16,7 @@ from __future__ import annotations
 import re
 from collections.abc import Iterable
 
-from shared.accounts import AccountRegistry
+from stores.accounts.registry import AccountRegistry
 
 #: Strings shaped like credentials, whoever's they are: (what, pattern).
 SECRET_SHAPES: tuple[tuple[str, re.Pattern[str]], ...] = (

@@ -1,4 +1,4 @@
-"""Each account's reply writer, from the account registry (``shared.accounts``): an account
+"""Each account's reply writer, from the account registry (``stores.accounts.registry``): an account
 with its own facts, model or prompt writes with them; every other account with the
 settings'. A writer is built when first needed and again when the account's overrides
 change (no restart). Which adapter an account sends with is ``platforms.accounts``."""
@@ -15,8 +15,8 @@ from services.responder.llm import (
     account_facts_path,
     facts_text,
 )
-from shared.accounts import Account, AccountRegistry
 from shared.settings import Settings
+from stores.accounts.registry import Account, AccountRegistry
 
 
 def build_writer(settings: Settings, account: Account | None = None) -> ReplyWriter:

@@ -18,8 +18,10 @@ from shared.broker.consumer import Reject
 from shared.messages import chat_key
 from shared.state import job as job_state
 from shared.state import operation as operation_state
+from shared.state.account import AccountState
 from shared.state.job import DeliveryStatus, JobStatus
 from shared.state.operation import OperationStatus
+from stores.accounts.fake import InMemoryAccountStates
 from stores.jobs.protocol import Job, JobBusy, JobWithdrawn, Message, Part, Reconcile, Row, Settled, Skip
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
@@ -91,7 +93,8 @@ class InMemoryJobs:
         self.coverage: dict[uuid.UUID, uuid.UUID] = {}
         self.windows: dict[str, list[uuid.UUID]] = {}
         self.locked: set[uuid.UUID] = set()
-        self.paused: dict[tuple[str, str], str] = {}
+        #: Whether the bot may send on each account (the accounts aggregate's fake).
+        self.accounts = InMemoryAccountStates()
         self._clock = T0
 
     def now(self) -> datetime:
@@ -154,23 +157,22 @@ class InMemoryJobs:
         self.jobs[job_id].retries.append(("scheduled", f"attempt {attempt} after {delay:g}s"))
 
     async def pause_account(self, platform: str, account_id: str, reason: str, probe_in: float) -> bool:
-        was_active = (platform, account_id) not in self.paused
-        self.paused[(platform, account_id)] = reason
-        return was_active
+        return await self.accounts.pause_by_platform(platform, account_id, reason, probe_in)
 
     async def resume_account(self, platform: str, account_id: str) -> bool:
-        return self.paused.pop((platform, account_id), None) is not None
+        return await self.accounts.resume(platform, account_id)
 
     async def probe_later(self, platform: str, account_id: str, reason: str, probe_in: float) -> None:
-        self.paused[(platform, account_id)] = reason
+        await self.accounts.probe_later(platform, account_id, reason, probe_in)
 
     @contextlib.asynccontextmanager
     async def accounts_to_probe(self, platforms: list[str]) -> AsyncIterator[Sequence[Row]]:
-        yield [
-            {"platform": p, "account_id": a, "state_reason": why}
-            for (p, a), why in self.paused.items()
-            if p in platforms
-        ]
+        yield await self.accounts.due_for_probe(platforms)
+
+    def paused_reason(self, platform: str, account_id: str) -> str | None:
+        """Why the account may not send now (paused), or None."""
+        account = self.accounts.accounts.get((platform, account_id))
+        return None if account is None or account.state is AccountState.ACTIVE else account.reason
 
 
 class InMemorySession:
@@ -235,7 +237,7 @@ class InMemorySession:
             job.account_id,
             job.chat_id,
             self._messages(job, ids),
-            account_paused=store.paused.get((job.platform, job.account_id)),
+            account_paused=store.paused_reason(job.platform, job.account_id),
         )
         if reconciling:
             assert d is not None

@@ -29,9 +29,9 @@ from shared import metrics
 from shared.broker.consumer import Outcome, Reject, classify
 from shared.db import Conn, announce_jobs_ended, one
 from shared.messages import JobCaps
-from shared.state import account as account_state
 from shared.state import job as job_state
 from shared.state.job import DeliveryStatus, lock_key
+from stores.accounts import postgres as account_state
 from stores.jobs.batches import SharedConnection, lost
 from stores.jobs.protocol import (
     AccountStopped,

@@ -17,10 +17,10 @@ import uuid
 import asyncpg
 import pytest
 
-from shared.accounts import AccountRegistry
 from shared.db import JOBS_ENDED_CHANNEL, announce_jobs_ended
 from shared.secretbox import SecretBox
 from shared.settings import Settings
+from stores.accounts.registry import AccountRegistry
 from tests.conftest import AVITO_SECRET, replace
 from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for

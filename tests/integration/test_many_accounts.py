@@ -14,8 +14,8 @@ import httpx
 import pytest
 from cryptography.fernet import Fernet
 
-from shared.accounts import AccountRegistry
 from shared.settings import Settings
+from stores.accounts.registry import AccountRegistry
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET, replace
 from tests.fakes.platforms import FakeWorld
 from tests.support.broker import wait_for

@@ -23,9 +23,9 @@ from standardwebhooks.webhooks import Webhook, WebhookVerificationError
 
 from platforms.avito.adapter import AvitoToken, token_key
 from shared import metrics
-from shared.accounts import AccountRegistry
 from shared.secretbox import SecretBox
 from shared.settings import Settings
+from stores.accounts.registry import AccountRegistry
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET, replace
 from tests.fakes.platforms import FakeWorld
 from tests.integration.test_many_accounts import BOT2, KEY, SHOP2, SHOP2_PATH, add, running

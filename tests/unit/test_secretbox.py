@@ -125,7 +125,7 @@ def test_a_key_file_that_is_not_keys_at_start_refuses_to_start_with_the_reason(t
 
 
 def test_new_keys_a_check_refuses_are_a_bad_edit_and_the_keys_in_use_stay(tmp_path: Path) -> None:
-    """The registry's check (shared.accounts): new keys that open none of what the keys in
+    """The registry's check (stores.accounts.registry): new keys that open none of what the keys in
     use opened. Refused each time it is read, taken once the check has nothing against it."""
     keys = tmp_path / "secrets-key"
     keys.write_text(OLD)

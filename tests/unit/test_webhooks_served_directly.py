@@ -23,8 +23,8 @@ from services.receiver.app import create_app
 from services.receiver.direct import ReceiverApp
 from services.receiver.intake import Stored
 from services.receiver.limits import BodySizeLimit
-from shared.accounts import Account, path_key
 from shared.settings import Settings
+from stores.accounts.registry import Account, path_key
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
 
@@ -52,7 +52,7 @@ ACCOUNTS = [
 
 
 class FakeAccounts:
-    """The reading side of shared.accounts.AccountRegistry."""
+    """The reading side of stores.accounts.registry.AccountRegistry."""
 
     def __init__(self, accounts: list[Account]) -> None:
         self._accounts = {(a.platform, a.account_id): a for a in accounts}

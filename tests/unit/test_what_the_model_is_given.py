@@ -9,8 +9,8 @@ import pytest
 
 from services.responder.llm import CUT_MARK, SYSTEM_PROMPT, bound_prompt
 from services.responder.reply_check import ReplyCheck, repeated_run, secret_in
-from shared.accounts import Account
 from shared.messages import PromptBounds
+from stores.accounts.registry import Account
 from stores.jobs.protocol import Turn
 
 pytestmark = pytest.mark.unit

@@ -11,9 +11,9 @@ from typing import Any
 import asyncpg
 
 from shared.db import one
-from shared.state import account as account_state
 from shared.state import operation as operation_state
 from shared.state.operation import OperationStatus
+from stores.accounts import postgres as account_state
 
 STATUSES = tuple(s.value for s in OperationStatus)
 UNFINISHED = tuple(s.value for s in operation_state.UNFINISHED)

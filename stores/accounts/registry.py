@@ -40,6 +40,7 @@ from shared import metrics
 from shared.credentials import credential_problems
 from shared.secretbox import SecretBox, SecretsUnavailable
 from shared.settings import Settings
+from stores.accounts.postgres import pause_by_person
 
 #: An account's facts file: a plain file name in FACTS_DIR (no folder, no leading dot).
 FACTS_FILE_NAME = r"^[A-Za-z0-9][A-Za-z0-9._-]{0,254}$"
@@ -561,17 +562,7 @@ async def pause_incomplete(pool: asyncpg.Pool, registry: AccountRegistry) -> lis
         reason = INCOMPLETE_REASON.format(
             platform=account.platform, account_id=account.account_id, problems="; ".join(problems)
         )
-        moved = await pool.fetchval(
-            """
-            UPDATE accounts SET state = 'paused_by_person', state_reason = $3, state_since = now(),
-                   next_probe_at = NULL, updated_at = now()
-            WHERE platform = $1 AND account_id = $2 AND removed_at IS NULL AND state <> 'paused_by_person'
-            RETURNING true
-            """,
-            account.platform,
-            account.account_id,
-            reason,
-        )
+        moved = await pause_by_person(pool, account.platform, account.account_id, reason)
         if moved:
             logger.error("%s account %s: %s", account.platform, account.account_id, reason)
             paused.append((account.platform, account.account_id))
