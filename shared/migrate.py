@@ -6,7 +6,8 @@ own transaction together with the row that records it in ``schema_migrations``. 
 applied file whose content changed is refused: migrations are history, fix forward with
 a new file.
 
-Functions (and the triggers that call them) live in ``shared/functions`` as
+Functions (and the triggers that call them) live beside their aggregate's store, in
+``stores/<aggregate>/functions``, and those of no one aggregate in ``shared/functions``, as
 ``NN_aggregate.sql``, one file per aggregate, each the current definition in one piece
 (``CREATE OR REPLACE``), in name order, each in its own transaction. Their first line is
 the file's release (design invariant I10, forward only)::
@@ -38,6 +39,7 @@ import json
 import logging
 import re
 import sys
+from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -50,6 +52,16 @@ logger = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 FUNCTIONS_DIR = Path(__file__).with_name("functions")
+#: Every directory of function files, in no order (files apply in name order across them):
+#: the functions of no one aggregate here, each aggregate's beside its store
+#: (stores/<aggregate>/functions; found by path, so shared/ imports no store).
+FUNCTION_DIRS: tuple[Path, ...] = (
+    FUNCTIONS_DIR,
+    *(
+        Path(__file__).resolve().parents[1] / "stores" / name / "functions"
+        for name in ("operations", "windows", "jobs", "accounts")
+    ),
+)
 # Any constant shared by every chatqueue process; pg_advisory_lock takes a bigint.
 ADVISORY_LOCK_KEY = 0x63686174_71756575 & 0x7FFF_FFFF_FFFF_FFFF  # "chatqueu"
 _NAME = re.compile(r"^(\d{4})_([a-z0-9_]+)\.sql$")
@@ -169,21 +181,28 @@ class FunctionFile:
         return read_header(self.sql).release
 
 
-def load_functions(directory: Path | None = FUNCTIONS_DIR) -> list[FunctionFile]:
+def load_functions(directory: Path | Sequence[Path] | None = FUNCTION_DIRS) -> list[FunctionFile]:
+    """The function files of ``directory`` (or of every one of several), in name order."""
     if directory is None:
         return []
-    if not directory.is_dir():
-        # An install without its SQL files (package data) would otherwise migrate the
-        # tables and silently leave every function out.
-        raise MigrationError(f"function directory {directory} is missing: reinstall chatqueue")
+    directories = [directory] if isinstance(directory, Path) else list(directory)
     files: list[FunctionFile] = []
-    for path in sorted(directory.iterdir()):
-        if path.suffix != ".sql":
-            continue
-        if not _FUNCTION_FILE.match(path.name):
-            raise MigrationError(f"function file name {path.name!r} is not NN_name.sql")
-        files.append(FunctionFile(path.name, path.read_text()))
-    return files
+    for d in directories:
+        if not d.is_dir():
+            # An install without its SQL files (package data) would otherwise migrate the
+            # tables and silently leave every function out.
+            raise MigrationError(f"function directory {d} is missing: reinstall chatqueue")
+        for path in sorted(d.iterdir()):
+            if path.suffix != ".sql":
+                continue
+            if not _FUNCTION_FILE.match(path.name):
+                raise MigrationError(f"function file name {path.name!r} is not NN_name.sql")
+            files.append(FunctionFile(path.name, path.read_text()))
+    names = [f.name for f in files]
+    twice = sorted({n for n in names if names.count(n) > 1})
+    if twice:
+        raise MigrationError(f"function files of one name in two directories: {twice}")
+    return sorted(files, key=lambda f: f.name)
 
 
 _FUNCTIONS_TABLES = """
@@ -326,7 +345,10 @@ def _same_release_refusal(f: FunctionFile) -> str:
 
 
 async def apply_functions(
-    conn: asyncpg.Connection, directory: Path | None = FUNCTIONS_DIR, *, newer_schema: bool = False
+    conn: asyncpg.Connection,
+    directory: Path | Sequence[Path] | None = FUNCTION_DIRS,
+    *,
+    newer_schema: bool = False,
 ) -> list[str]:
     """Apply every function file whose text is not the database's and whose release is at
     least the database's (caller holds the migration lock). A file the database has in a
@@ -432,13 +454,15 @@ async def _apply_function_file(conn: asyncpg.Connection, f: FunctionFile) -> Non
 
 
 async def migrate(
-    conn: asyncpg.Connection, directory: Path = MIGRATIONS_DIR, functions: Path | None = None
+    conn: asyncpg.Connection,
+    directory: Path = MIGRATIONS_DIR,
+    functions: Path | Sequence[Path] | None = None,
 ) -> list[int]:
     """Apply pending migrations, then every changed function file; return the migration
     versions applied now. ``functions`` defaults to the project's function files when
     ``directory`` is the project's migrations (and to none for another directory)."""
     if functions is None and directory == MIGRATIONS_DIR:
-        functions = FUNCTIONS_DIR
+        functions = FUNCTION_DIRS
     migrations = load_migrations(directory)
     # Waited for by polling, not by pg_advisory_lock: a runner blocked in that statement
     # holds a snapshot, which another runner's CREATE INDEX CONCURRENTLY waits out while
@@ -598,7 +622,7 @@ def main() -> None:
     )
     args = parser.parse_args()
     if args.stamp:
-        for f in sorted(FUNCTIONS_DIR.glob("*.sql")):
+        for f in sorted((p for d in FUNCTION_DIRS for p in d.glob("*.sql")), key=lambda p: p.name):
             if stamp(f):
                 print(f"{f.name}: release {read_header(f.read_text()).release}")
         return

@@ -89,7 +89,7 @@ def lock_key(job_id: uuid.UUID) -> int:
 
 
 # ---- writes: every status change of a reply job made from Python ------------------------
-# (the PL/pgSQL writers of shared/functions/30_jobs.sql use the same table through
+# (the PL/pgSQL writers of stores/jobs/functions/30_jobs.sql use the same table through
 # chatq_job_sources; the trigger of 00_states.sql refuses anything else.)
 
 

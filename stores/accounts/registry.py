@@ -5,7 +5,7 @@ sender the deployment answers for is a row of ``accounts``, with its own credent
 Each process holds an ``AccountRegistry``: every account, credentials decrypted, read at
 start and again every ACCOUNTS_REFRESH_SECONDS; an account that changes is read again at
 once, alone (LISTEN chatq_accounts on a connection of its own, outside the pool: the
-notification names the account, ``shared/functions/50_accounts.sql``), so adding an
+notification names the account, ``stores/accounts/functions/50_accounts.sql``), so adding an
 account costs the same with ten accounts or ten thousand. A lost listening connection
 (Postgres restarted) is opened again every RELISTEN_SECONDS, then every account is read,
 since what changed meanwhile was not notified. Credentials never leave the

@@ -1,5 +1,5 @@
 """The responder's state in memory: an implementation of ``stores.jobs.protocol``
-that takes the decisions of shared/functions/30_jobs.sql (claim, before send, record,
+that takes the decisions of stores/jobs/functions/30_jobs.sql (claim, before send, record,
 give up) on dicts, and moves every status through the same transition tables as
 Postgres (shared/state: a move they refuse raises TransitionNotAllowed). The handler's
 branches run on it in milliseconds; tests/contract/test_jobs.py runs the same bodies on

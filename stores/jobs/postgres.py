@@ -1,6 +1,6 @@
 """The responder's state in Postgres: every decision about a job is taken here, before
 any side effect, and every state change is one transaction (the job functions of
-shared/functions/30_jobs.sql, under the transition tables of shared/state).
+stores/jobs/functions/30_jobs.sql, under the transition tables of shared/state).
 
 - A job already final (sent, failed, needs_review, superseded) is skipped.
 - A job whose delivery says ``sending`` or ``unknown`` may already be on the platform:
@@ -196,7 +196,7 @@ PROBE_LOCK_KEY = 0x63686174_70726F62  # "chatprob"
 
 class PgJobSession:
     """The job's state changes, on the connection it shares with the other jobs in flight.
-    Each is one statement (the functions of shared/functions/30_jobs.sql), so one
+    Each is one statement (the functions of stores/jobs/functions/30_jobs.sql), so one
     transaction: a reply costs three (claim, before send, record sent), each sent as one
     round trip with the same step of the other jobs that take it at that moment."""
 

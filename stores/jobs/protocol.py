@@ -1,7 +1,7 @@
 """The jobs aggregate's interface: ``JobStorage`` (the store) and ``JobSession`` (one job
 held for its handling), as Protocols, and the values they trade. ``postgres.JobStore`` and
 ``postgres.PgJobSession`` implement them on the job functions of
-shared/functions/30_jobs.sql; ``fake.InMemoryJobs`` in memory under the same transition
+stores/jobs/functions/30_jobs.sql; ``fake.InMemoryJobs`` in memory under the same transition
 tables (shared/state). tests/contract/test_jobs.py runs one set of test bodies against
 both, so the handler's branches, unit-tested on the fake, hold on Postgres."""
 

@@ -1,1 +1,1 @@
-"""A chat's debounce window, from filing to emission: ``window`` (the pure rule), ``protocol``, ``postgres`` (shared/functions/20_windows.sql), ``fake``."""
+"""A chat's debounce window, from filing to emission: ``window`` (the pure rule), ``protocol``, ``postgres`` (stores/windows/functions/20_windows.sql), ``fake``."""

@@ -1,5 +1,5 @@
 """The windows aggregate in Postgres: ``PgWindowStore`` and its sessions, on the window
-functions of shared/functions/20_windows.sql (filing, the due claim with the accounts'
+functions of stores/windows/functions/20_windows.sql (filing, the due claim with the accounts'
 fair share, emission). Proven against ``fake.InMemoryWindows`` by tests/contract."""
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from stores.windows.protocol import ChatState, DueWindow, Filing, Listed, Refuse
 from stores.windows.window import Window
 
 # Filing a batch is two round trips inside its transaction: the chats' locks and what is
-# read under them, then every write (shared/functions/20_windows.sql).
+# read under them, then every write (stores/windows/functions/20_windows.sql).
 _LOCK_CHATS = "SELECT * FROM chatq_lock_chats($1::text[], $2::uuid[])"
 _FILE_MESSAGES = """
 SELECT chatq_file_messages($1::uuid[], $2::boolean[], $3::text[], $4::text[], $5::text[], $6::text[],
@@ -364,7 +364,7 @@ class PgWindowSession:
                 [len(j.messages) for j in parts],
             )
         # The jobs, the whole windows closed, the operations pointed at their jobs (and
-        # their records), the outbox rows: one round trip (shared/functions/20_windows.sql).
+        # their records), the outbox rows: one round trip (stores/windows/functions/20_windows.sql).
         await self._conn.execute(
             _EMIT_JOBS,
             [j.job_id for j in jobs],

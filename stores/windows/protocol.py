@@ -1,7 +1,7 @@
 """The windows aggregate's interface: ``WindowStore`` (the store) and ``WindowSession``
 (one transaction: filing the messages delivered together, or emitting due windows), as
 Protocols, and the values they trade. ``postgres.PgWindowStore`` implements them on
-shared/functions/20_windows.sql, ``fake.InMemoryWindows`` in memory under the same
+stores/windows/functions/20_windows.sql, ``fake.InMemoryWindows`` in memory under the same
 operation transition table (shared/state); tests/contract/test_windows.py runs one set of
 test bodies against both. The debounce rule itself is ``window`` (pure)."""
 

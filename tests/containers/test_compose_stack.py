@@ -34,6 +34,7 @@ import yaml
 
 from chaos.runner import Event, deliver, verdict
 from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.support.deploy_files import image_packages
 from tests.support.payloads import telegram_update
 
 pytestmark = pytest.mark.containers
@@ -465,12 +466,12 @@ def next_release_context(repo: Path, into: Path, migration: int) -> None:
     function file changed (a new release of it that keeps every signature)."""
     for name in ("pyproject.toml", "constraints.txt", "README.md", "Dockerfile", ".dockerignore"):
         shutil.copy2(repo / name, into / name)
-    for name in ("shared", "services"):
+    for name in image_packages():
         shutil.copytree(repo / name, into / name, ignore=shutil.ignore_patterns("__pycache__"))
     (into / "shared" / "migrations" / f"{migration:04d}_ci_next_release.sql").write_text(
         "CREATE TABLE ci_next_release (id integer PRIMARY KEY);\n"
     )
-    functions = into / "shared" / "functions" / "50_accounts.sql"
+    functions = into / "stores" / "accounts" / "functions" / "50_accounts.sql"
     from shared.migrate import stamp
 
     functions.write_text(
@@ -495,7 +496,9 @@ async def test_an_upgrade_applies_the_new_release_and_a_rollback_runs_on_its_fun
         "-t", "chatqueue:ci-next", str(tmp_path),
     )  # fmt: skip
     log(f"the next release's image chatqueue:ci-next built in {time.monotonic() - started:.0f} s")
-    release = read_header((tmp_path / "shared" / "functions" / "50_accounts.sql").read_text()).release
+    release = read_header(
+        (tmp_path / "stores" / "accounts" / "functions" / "50_accounts.sql").read_text()
+    ).release
 
     took = stack.up("chatqueue:ci-next")
     log(f"upgrade: compose up with chatqueue:ci-next, healthy in {took:.0f} s")

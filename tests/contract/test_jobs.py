@@ -1,5 +1,5 @@
 """The jobs store's contract: the same bodies against ``stores.jobs.fake.InMemoryJobs``
-and ``stores.jobs.postgres.JobStore`` (the job functions of shared/functions/30_jobs.sql,
+and ``stores.jobs.postgres.JobStore`` (the job functions of stores/jobs/functions/30_jobs.sql,
 each step alone and in one statement for the jobs in flight together). The responder's
 branches are unit-tested on the fake (tests/unit/test_responder_branches.py); these say the
 fake decides what Postgres decides: which messages a claim takes, what is skipped, what a

@@ -1,7 +1,7 @@
 """The windows store's contract: the same bodies, driven through the coalescer's filing and
 emission (``services.coalescer.service.Coalescer``), against
 ``stores.windows.fake.InMemoryWindows`` and ``stores.windows.postgres.PgWindowStore`` (the
-window functions of shared/functions/20_windows.sql). The coalescer's branches are
+window functions of stores/windows/functions/20_windows.sql). The coalescer's branches are
 unit-tested on the fake (tests/unit/test_coalescer_branches.py); these say the fake files
 and emits what Postgres does.
 

@@ -29,6 +29,7 @@ import pytest
 
 from shared.migrate import load_functions, load_migrations
 from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET, make_settings
+from tests.support.deploy_files import image_packages
 from tests.support.infra import Infra
 from tests.support.payloads import telegram_update
 from tests.support.processes import ROOT, ServiceProcess, free_port, settings_env
@@ -52,7 +53,7 @@ def installed(tmp_path_factory: pytest.TempPathFactory) -> Path:
     source.mkdir()
     for name in ("pyproject.toml", "constraints.txt", "README.md"):
         shutil.copy(ROOT / name, source / name)
-    for name in ("shared", "services"):
+    for name in image_packages():
         shutil.copytree(ROOT / name, source / name, ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     wheels = work / "wheels"
     # Build isolation, as `pip install .` in the Dockerfile does: a clean setuptools.

@@ -17,6 +17,13 @@ ROOT = Path(__file__).resolve().parents[2]
 DEPLOY = ROOT / "deploy"
 
 
+def image_packages() -> list[str]:
+    """The Python packages the image (and the wheel) carries: the folders .dockerignore
+    lets into the build context, the one list of them."""
+    lines = (ROOT / ".dockerignore").read_text().splitlines()
+    return [line[1:].rstrip("/") for line in lines if line.startswith("!") and line.endswith("/")]
+
+
 def kustomize(overlay: Path) -> list[dict[str, Any]]:
     """`kustomize build`, offline: kubectl's embedded kustomize or a kustomize binary."""
     if shutil.which("kustomize"):

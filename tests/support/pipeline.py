@@ -46,6 +46,8 @@ def pipeline_settings(settings: Settings, world: FakeWorld, **overrides: object)
         "platform_timeout_seconds": 1.0,
         "retry_delays_seconds": "0.3,0.6,1.2",
         "max_attempts": 4,
+        # A handler's crash is requeued after 1 s in production, up to 10 deliveries: 50 ms here.
+        "requeue_pause_seconds": 0.05,
         "responder_concurrency": 4,
         "echo_wait_seconds": 1.0,
         # Avito's per-minute budget is held by its own tests (test_avito_as_it_is.py).

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 
 from shared.broker.dead_letters import dead_reason
-from shared.migrate import read_header
+from shared.migrate import FUNCTION_DIRS, read_header
 from shared.state import job, operation
 from shared.state.machine import TransitionNotAllowed
 from shared.state.sql import OUTPUT, render
@@ -87,8 +87,12 @@ def test_no_step_spells_out_which_deliveries_may_have_sent_it_asks_the_one_rule(
     spelled = re.compile(
         r"'(sending|unknown)'\s*,\s*'(sending|unknown)'|status\s*=\s*'not_sent'\s+AND\s+NOT", re.I
     )
-    sources = [p for p in (root / "shared" / "functions").glob("*.sql") if p != OUTPUT]
-    sources += [*(root / "services").rglob("*.py"), *(root / "shared").rglob("*.py")]
+    sources = [p for d in FUNCTION_DIRS for p in d.glob("*.sql") if p != OUTPUT]
+    sources += [
+        p
+        for top in ("services", "shared", "platforms", "stores", "chatq")
+        for p in (root / top).rglob("*.py")
+    ]
     found = [
         f"{p.relative_to(root)}:{n}"
         for p in sources

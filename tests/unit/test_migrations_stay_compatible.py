@@ -153,10 +153,14 @@ def function_file_history() -> dict[str, list[tuple[int, str]]]:
             "a shallow clone has no history to hold the releases against: fetch --unshallow", pytrace=False
         )
     seen: dict[str, list[tuple[int, str]]] = {}
-    commits = _git("log", "--reverse", "--format=%H", "--", "shared/functions").split()
+    # Function files live in shared/functions and, since the stores became packages, in
+    # stores/<aggregate>/functions: a file is known by its name wherever it lived.
+    commits = _git("log", "--reverse", "--format=%H", "--", "shared/functions", "stores").split()
     for commit in commits:
-        for name in _git("ls-tree", "--name-only", commit, "shared/functions/").split():
-            if not name.endswith(".sql"):
+        for name in _git("ls-tree", "-r", "--name-only", commit, "shared/functions/", "stores/").split():
+            if not name.endswith(".sql") or not (
+                name.startswith("shared/functions/") or "/functions/" in name
+            ):
                 continue
             header = read_header(_git("show", f"{commit}:{name}"))
             if header.release >= 1:

@@ -106,7 +106,7 @@ def exported_metrics() -> set[str]:
 def sql_functions() -> set[str]:
     """The SQL functions and types, named chatq_ like the metrics."""
     names: set[str] = set()
-    for source in (ROOT / "shared").rglob("*.sql"):
+    for source in [*(ROOT / "shared").rglob("*.sql"), *(ROOT / "stores").rglob("*.sql")]:
         names |= set(SQL_FUNCTION.findall(source.read_text(encoding="utf-8")))
     return names
 
