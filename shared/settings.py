@@ -307,6 +307,8 @@ class Settings(BaseSettings):
     # up to the queue's delivery limit, so a crash loop does not spin the CPU.
     requeue_pause_seconds: float = Field(default=1.0, ge=0, le=60)
     stuck_job_seconds: float = Field(default=900.0, gt=0)
+    # How often the coalescer looks for such jobs.
+    stuck_job_sweep_seconds: float = Field(default=60.0, gt=0)
     retention_days: float = Field(default=30.0, ge=0)
     retention_interval_seconds: float = Field(default=300.0, gt=0)
 

@@ -158,7 +158,7 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         stop=coalescer.stop,
     )
     parts.every(5, "window stats", coalescer.refresh_stats)
-    parts.every(60, "job sweeper", sweep)
+    parts.every(settings.stuck_job_sweep_seconds, "job sweeper", sweep)
     if settings.retention_days > 0:
         parts.every(settings.retention_interval_seconds, "retention", retention.purge)
     parts.run("dead-letters", dead.run(), stop=lambda: dead.stop(drain_seconds=grace))

@@ -12,7 +12,7 @@ import pytest
 from tests.support.processes import run_tool
 
 # Booting the cluster takes a minute, the scenario about two more.
-pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900), pytest.mark.slow]
 
 
 async def test_a_killed_broker_node_loses_duplicates_and_reorders_nothing_and_the_services_move_on(

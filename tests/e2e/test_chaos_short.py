@@ -7,7 +7,7 @@ import pytest
 
 from tests.support.processes import run_tool
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 async def test_the_short_fault_campaign_loses_duplicates_and_reorders_nothing(infra) -> None:

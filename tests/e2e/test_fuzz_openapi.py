@@ -17,7 +17,7 @@ import pytest
 from tests.conftest import ADMIN_TOKEN, TELEGRAM_SECRET, replace
 from tests.support.processes import ROOT, Receiver
 
-pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean")]
+pytestmark = [pytest.mark.e2e, pytest.mark.usefixtures("clean"), pytest.mark.slow]
 
 
 def _count(metrics: str, outcome: str) -> float:

@@ -9,7 +9,7 @@ import pytest
 
 from tests.support.processes import run_tool
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]
 
 
 async def test_two_replicas_of_each_service_keep_every_invariant(infra) -> None:

@@ -29,7 +29,7 @@ from tests.support.broker import wait_for
 from tests.support.processes import free_port
 
 # Booting three nodes takes a minute, more on a busy machine.
-pytestmark = [pytest.mark.integration, pytest.mark.timeout(600)]
+pytestmark = [pytest.mark.integration, pytest.mark.timeout(600), pytest.mark.slow]
 
 TOPOLOGY = build_topology((0.5, 1))
 

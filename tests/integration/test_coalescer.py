@@ -50,6 +50,7 @@ def quick(settings):
         coalescer_poll_seconds=0.1,
         relay_poll_seconds=0.1,
         metrics_port=0,
+        requeue_pause_seconds=0.05,
     )
 
 

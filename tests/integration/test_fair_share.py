@@ -68,6 +68,7 @@ async def flood(p: Pipeline, count: int) -> None:
     await asyncio.gather(*(post(n) for n in range(count)))
 
 
+@pytest.mark.slow
 async def test_one_accounts_flood_of_5000_does_not_delay_another_accounts_single_message(
     fast: Settings, pool: asyncpg.Pool, world: FakeWorld
 ) -> None:

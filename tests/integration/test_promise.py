@@ -345,7 +345,7 @@ async def move_to_dead(amqp_url: str) -> None:
 async def test_a_job_in_flight_that_nobody_holds_past_the_bound_is_published_again_and_answered(
     fast, pool: asyncpg.Pool, infra
 ) -> None:
-    quick = replace(fast, stuck_job_seconds=2)
+    quick = replace(fast, stuck_job_seconds=2, stuck_job_sweep_seconds=0.5)
     async with running_receiver(quick) as (_, client), running_coalescers(quick):
         p = Pipeline(client, pool)
         op = await p.telegram(901, 90, "Hello?")

@@ -33,7 +33,7 @@ from shared.broker.topology import POLICIES, build_topology
 from tests.support.deploy_files import DEPLOY, dashboard_queries, metric_names, rule_queries
 from tests.support.processes import free_port
 
-pytestmark = pytest.mark.integration
+pytestmark = [pytest.mark.integration, pytest.mark.slow]
 
 USER, PASSWORD = "chatq", "boot-test-password-0123"
 ADMIN, ADMIN_PASSWORD = "admin", "boot-test-admin-password-4567"
