@@ -80,12 +80,23 @@ def _connection_lost(exc: BaseException) -> bool:
 
 class JobStore:
     def __init__(
-        self, pool: asyncpg.Pool, *, history: int = 12, caps: JobCaps | None = None, batch: int = 8
+        self,
+        pool: asyncpg.Pool,
+        *,
+        history: int = 12,
+        caps: JobCaps | None = None,
+        batch: int = 8,
+        per_job: bool = False,
     ) -> None:
         self._pool = pool
         self._history = history
         self._caps = caps or JobCaps()
         self._batch = batch
+        #: Each step as the per-job functions (chatq_claim_job, chatq_before_send,
+        #: chatq_record_sent), never the batch ones: what runs when a batch fails for one
+        #: job's reason. The batch functions take the common way in one statement for every
+        #: job and are a second definition of it; tests/contract runs its bodies both ways.
+        self._steps = PER_JOB if per_job else BATCHED
         #: Shared connections that sessions may still join.
         self._open: list[SharedConnection] = []
         #: The session of this process that holds each job's lock now (or may: a claim sent).
@@ -116,7 +127,9 @@ class JobStore:
         shared.members += 1
         try:
             await shared.connection()
-            session = PgJobSession(shared, job_id, self._history, self._caps, self.holders, self.unrecorded)
+            session = PgJobSession(
+                shared, job_id, self._history, self._caps, self.holders, self.unrecorded, self._steps
+            )
             try:
                 yield session
             finally:
@@ -208,7 +221,9 @@ class PgJobSession:
         caps: JobCaps | None = None,
         holders: dict[uuid.UUID, PgJobSession] | None = None,
         unrecorded: dict[uuid.UUID, Unrecorded] | None = None,
+        steps: Steps | None = None,
     ) -> None:
+        self._steps = steps or BATCHED
         self._shared = shared
         self._job_id = job_id
         self._lock_key = lock_key(job_id)
@@ -273,7 +288,7 @@ class PgJobSession:
         self._set_locked(None)
         # One composite value (chatq_claim_result) per job, its fields and its rows read by name.
         row = await self._shared.together(
-            "claim", (job_id, attempt, self._lock_key, self._history), _claim_many
+            "claim", (job_id, attempt, self._lock_key, self._history), self._steps.claim
         )
         self._set_locked(row["outcome"] != "busy")
         if row["outcome"] == "busy":
@@ -308,7 +323,7 @@ class PgJobSession:
             rows = await self._shared.together(
                 "before_send",
                 (job.job_id, job.chat_key, text, attempt, fold, self._caps.messages, self._caps.chars),
-                _before_send_many,
+                self._steps.before_send,
             )
         except asyncpg.PostgresError as exc:
             if exc.sqlstate not in (_ACCOUNT_REMOVED, _ACCOUNT_PAUSED):
@@ -334,7 +349,7 @@ class PgJobSession:
         """chatq_record_sent with the jobs recording at this moment; the receipt-to-reply
         and replied metrics."""
         row = await self._shared.together(
-            "record_sent", (job_id, text, platform_message_id, self._lock_key), _record_sent_many
+            "record_sent", (job_id, text, platform_message_id, self._lock_key), self._steps.record_sent
         )
         self._set_locked(False)
         sent_at: datetime = row["sent_at"]
@@ -601,6 +616,13 @@ async def _claim_many(
             raise
     # No job of the batch was held by this connection before (JobStore.holders).
     await conn.execute("SELECT pg_advisory_unlock(k) FROM unnest($1::bigint[]) AS k", [i[2] for i in items])
+    return await _claim_each(conn, items)
+
+
+async def _claim_each(
+    conn: Conn, items: Sequence[tuple[uuid.UUID, int, int, int]]
+) -> Sequence[asyncpg.Record | Exception]:
+    """chatq_claim_job for each job, a statement each."""
     return await _each_alone(
         items, lambda i: _fetch_one(conn, "SELECT * FROM chatq_claim_job($1, $2, $3, $4)", *i)
     )
@@ -628,16 +650,21 @@ async def _before_send_many(
     except Exception as exc:
         if len(items) == 1 or _whole_batch_failed(exc):
             raise
-        return await _each_alone(
-            items,
-            lambda i: conn.fetch(
-                "SELECT * FROM chatq_before_send($1, $2, $3, $4, $5, $6, $7) ORDER BY pos", *i
-            ),
-        )
+        return await _before_send_each(conn, items)
     by_job: list[list[asyncpg.Record]] = [[] for _ in items]
     for row in rows:
         by_job[row["i"] - 1].append(row)
     return list(by_job)
+
+
+async def _before_send_each(
+    conn: Conn, items: Sequence[tuple[uuid.UUID, str, str, int, bool, int, int]]
+) -> Sequence[list[asyncpg.Record] | Exception]:
+    """chatq_before_send for each job, a statement each."""
+    return await _each_alone(
+        items,
+        lambda i: conn.fetch("SELECT * FROM chatq_before_send($1, $2, $3, $4, $5, $6, $7) ORDER BY pos", *i),
+    )
 
 
 async def _record_sent_many(
@@ -655,13 +682,51 @@ async def _record_sent_many(
     except Exception as exc:
         if len(items) == 1 or _whole_batch_failed(exc):
             raise
-        results = await _each_alone(
-            items, lambda i: _fetch_one(conn, "SELECT * FROM chatq_record_sent($1, $2, $3, $4)", *i)
-        )
+        results = await _each_alone(items, lambda i: _record_sent_one(conn, i))
+    return await _announced(conn, results)
+
+
+async def _record_sent_each(
+    conn: Conn, items: Sequence[tuple[uuid.UUID, str, str, int]]
+) -> Sequence[asyncpg.Record | Exception]:
+    """chatq_record_sent for each job, a statement each."""
+    return await _announced(conn, await _each_alone(items, lambda i: _record_sent_one(conn, i)))
+
+
+async def _record_sent_one(conn: Conn, item: tuple[uuid.UUID, str, str, int]) -> asyncpg.Record:
+    return await _fetch_one(conn, "SELECT * FROM chatq_record_sent($1, $2, $3, $4)", *item)
+
+
+async def _announced(
+    conn: Conn, results: Sequence[asyncpg.Record | Exception]
+) -> Sequence[asyncpg.Record | Exception]:
     if not all(isinstance(r, Exception) for r in results):
         # Jobs ended: their accounts' places in the fair share are free.
         await announce_jobs_ended(conn)
     return list(results)
+
+
+@dataclass(frozen=True)
+class Steps:
+    """How a session's steps reach Postgres: each a runner for the calls of that step made
+    together (``batches.SharedConnection.together``)."""
+
+    claim: Callable[
+        [Conn, Sequence[tuple[uuid.UUID, int, int, int]]], Awaitable[Sequence[asyncpg.Record | Exception]]
+    ]
+    before_send: Callable[
+        [Conn, Sequence[tuple[uuid.UUID, str, str, int, bool, int, int]]],
+        Awaitable[Sequence[list[asyncpg.Record] | Exception]],
+    ]
+    record_sent: Callable[
+        [Conn, Sequence[tuple[uuid.UUID, str, str, int]]], Awaitable[Sequence[asyncpg.Record | Exception]]
+    ]
+
+
+#: One statement for every job taking the step together (the batch functions).
+BATCHED = Steps(_claim_many, _before_send_many, _record_sent_many)
+#: A statement for each job (the per-job functions).
+PER_JOB = Steps(_claim_each, _before_send_each, _record_sent_each)
 
 
 async def _fetch_one(conn: Conn, query: str, *args: object) -> asyncpg.Record:

@@ -1,9 +1,11 @@
 """Contract suites: one set of test bodies per store, each run against the store's
 in-memory fake (``memory``) and its Postgres implementation (``postgres``). Where Postgres
-takes a step two ways (one job's statement, or one statement for the jobs in flight
-together), it runs both: ``postgres`` shares a connection among up to eight sessions,
-``postgres-one-by-one`` gives each its own. A body that passes on one and fails on the
-other is a fake that no longer says what Postgres does.
+defines a step twice (the jobs' batch functions, one statement for every job taking the
+step together, beside the per-job ones they fall back to), the suite runs both:
+``postgres`` with the batch functions and up to eight sessions on a connection,
+``postgres-own-connection`` with the batch functions and a connection each,
+``postgres-per-job`` with the per-job functions. A body that passes on one and fails on
+another is a fake, or a twin definition, that no longer says what the others do.
 
 The ``memory`` runs need no service (``make check`` runs them); the Postgres ones take the
 session's database like the integration tests."""
@@ -17,7 +19,8 @@ import pytest
 
 MEMORY = "memory"
 POSTGRES = "postgres"
-ONE_BY_ONE = "postgres-one-by-one"
+OWN_CONNECTION = "postgres-own-connection"
+PER_JOB = "postgres-per-job"
 
 
 def backends(*names: str) -> Callable[[Any], Any]:

@@ -1,6 +1,6 @@
 """The jobs store's contract: the same bodies against ``stores.jobs.fake.InMemoryJobs``
-and ``stores.jobs.postgres.JobStore`` (the job functions of stores/jobs/functions/30_jobs.sql,
-each step alone and in one statement for the jobs in flight together). The responder's
+and ``stores.jobs.postgres.JobStore`` (the job functions of stores/jobs/functions/30_jobs.sql:
+the batch functions, on a shared connection and on one each, and the per-job ones). The responder's
 branches are unit-tested on the fake (tests/unit/test_responder_branches.py); these say the
 fake decides what Postgres decides: which messages a claim takes, what is skipped, what a
 send that may have happened becomes, what a record and a give-up move."""
@@ -22,7 +22,7 @@ from stores.jobs.fake import InMemoryJobs
 from stores.jobs.postgres import JobStore
 from stores.jobs.protocol import Job, JobBusy, JobStorage, Reconcile, Skip
 from tests.contract import seed
-from tests.contract.conftest import MEMORY, ONE_BY_ONE, POSTGRES, backends, postgres_pool
+from tests.contract.conftest import MEMORY, OWN_CONNECTION, PER_JOB, POSTGRES, backends, postgres_pool
 
 T0 = seed.T0
 SUPERSEDED = Skip("every message is answered or held by another reply")
@@ -79,9 +79,9 @@ class PostgresJobs:
     """Rows seeded directly (as tests/integration/test_job_claim.py does), so each situation
     is exact."""
 
-    def __init__(self, pool: asyncpg.Pool, batch: int) -> None:
+    def __init__(self, pool: asyncpg.Pool, *, batch: int = 8, per_job: bool = False) -> None:
         self.pool = pool
-        self.store = JobStore(pool, batch=batch)
+        self.store = JobStore(pool, batch=batch, per_job=per_job)
 
     async def message(self, message_id: str, *, at: datetime = T0, status: str = "waiting") -> uuid.UUID:
         return await seed.operation(self.pool, message_id, at=at, status=status)
@@ -134,11 +134,14 @@ class PostgresJobs:
         return None if row is None else (row["status"], row["text"])
 
 
-@backends(MEMORY, POSTGRES, ONE_BY_ONE)
+@backends(MEMORY, POSTGRES, OWN_CONNECTION, PER_JOB)
 def jobs(request: pytest.FixtureRequest) -> Jobs:
     if request.param == MEMORY:
         return MemoryJobs()
-    return PostgresJobs(postgres_pool(request), batch=8 if request.param == POSTGRES else 1)
+    pool = postgres_pool(request)
+    if request.param == OWN_CONNECTION:
+        return PostgresJobs(pool, batch=1)
+    return PostgresJobs(pool, per_job=request.param == PER_JOB)
 
 
 async def claim(jobs: Jobs, job_id: uuid.UUID, attempt: int = 1) -> Job | Skip | Reconcile:
@@ -355,8 +358,9 @@ async def test_giving_up_on_a_job_already_final_changes_nothing(jobs: Jobs) -> N
 
 async def test_jobs_in_flight_together_each_claim_send_and_record_only_their_own_messages(jobs: Jobs) -> None:
     """On Postgres with a shared connection, each step of the three jobs goes as one
-    statement (chatq_claim_jobs, chatq_before_send_many, chatq_record_sent_many); one by
-    one, as a statement each: the same outcome either way, and the fake's."""
+    statement (chatq_claim_jobs, chatq_before_send_many, chatq_record_sent_many); per job,
+    as chatq_claim_job, chatq_before_send, chatq_record_sent each: the same outcome every
+    way, and the fake's."""
     ops = {chat: [await jobs.message(f"{chat}-{n}") for n in (1, 2)] for chat in ("a", "b", "c")}
     job_ids = {chat: await jobs.job(*ops[chat], chat=chat) for chat in ops}
 
