@@ -383,7 +383,9 @@ def _topology(_: Api | None, args: argparse.Namespace) -> str:
 
 
 def _connect(_: Api | None, args: argparse.Namespace) -> str:
-    from platforms.connect import ConnectError, connect_avito, connect_telegram
+    from platforms.avito.connect import connect_avito
+    from platforms.connect import ConnectError
+    from platforms.telegram.connect import connect_telegram
 
     if args.account:
         # An added account: the receiver connects it with the credentials only it holds.
@@ -533,8 +535,10 @@ def settings_errors(exc: ValidationError) -> list[str]:
     lines = []
     for error in exc.errors(include_input=False, include_url=False):
         loc = error.get("loc") or ()
-        name = f"CHATQ_{str(loc[0]).upper()}" if loc else "settings"
-        lines.append(f"invalid setting {name}: {error.get('msg', 'not valid')}")
+        why = error.get("msg", "not valid")
+        lines.append(
+            f"invalid setting CHATQ_{str(loc[0]).upper()}: {why}" if loc else f"invalid settings: {why}"
+        )
     return lines
 
 
@@ -552,7 +556,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         # its value (it may be a secret), and no traceback.
         for line in settings_errors(exc):
             print(f"chatq: {line}", file=sys.stderr)
-        return 2
+        return EXIT_USAGE
     secrets = args.settings.secret_values()
     try:
         api = None

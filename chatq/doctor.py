@@ -19,15 +19,11 @@ import asyncpg
 import httpx
 from aio_pika.exceptions import AMQPError
 
-from platforms.admin import (
-    AVITO_REFUSALS,
-    AvitoAdmin,
-    PlatformError,
-    TelegramAdmin,
-    masked_url,
-    public_url_problem,
-)
-from platforms.connect import avito_webhook_url, telegram_webhook_url
+from platforms.admin import PlatformError, masked_url, public_url_problem
+from platforms.avito.admin import AVITO_REFUSALS, AvitoAdmin
+from platforms.avito.connect import avito_webhook_url
+from platforms.telegram.admin import TelegramAdmin
+from platforms.telegram.connect import telegram_webhook_url
 from platforms.telegram.webhook import answered_updates
 from shared.alerts import Alerter
 from shared.broker.topology import build_topology

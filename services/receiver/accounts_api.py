@@ -14,8 +14,10 @@ import httpx
 from fastapi import APIRouter, Request
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from platforms.connect import ConnectError, connect_avito, connect_telegram
+from platforms.avito.connect import connect_avito
+from platforms.connect import ConnectError
 from platforms.inbound import ApiError
+from platforms.telegram.connect import connect_telegram
 from services.receiver.admin import account_numbers, require_admin
 from services.receiver.admin.routes import NO_NUL
 from shared.credentials import credential_problems

@@ -20,11 +20,13 @@ from pydantic import SecretStr
 
 from chatq.doctor import check_alerts, check_avito, check_model, check_telegram
 from platforms.avito.adapter import AvitoPlatform, AvitoToken
+from platforms.avito.connect import connect_avito
 from platforms.base import Attempts, Listing, SentQuery
-from platforms.connect import ConnectError, connect_avito, connect_telegram
+from platforms.connect import ConnectError
 from platforms.failures import Failure
 from platforms.ratelimit import AccountRateLimiter
 from platforms.telegram.adapter import TelegramPlatform
+from platforms.telegram.connect import connect_telegram
 from shared.settings import Settings
 from tests.conftest import replace
 from tests.fakes.platforms import FakeWorld
@@ -36,8 +38,8 @@ pytestmark = pytest.mark.integration
 TOKEN = "4242:AAE-test-token"
 
 #: The modules that talk to Telegram and Avito, read for the calls they can make.
-TELEGRAM_CODE = ("platforms/telegram/adapter.py", "platforms/admin.py")
-AVITO_CODE = ("platforms/avito/adapter.py", "platforms/admin.py")
+TELEGRAM_CODE = ("platforms/telegram/adapter.py", "platforms/telegram/admin.py")
+AVITO_CODE = ("platforms/avito/adapter.py", "platforms/avito/admin.py")
 
 
 def settings_for(world: FakeWorld) -> Settings:
