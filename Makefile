@@ -68,8 +68,9 @@ check: install tools-unit
 	$(BIN)/mypy
 	$(BIN)/python -m pytest tests/unit tests/contract -q -m "not integration" $(PYTEST_ARGS)
 
+# The contract suites (each store against its fake and Postgres) and the integration tests.
 integration: install services-check
-	$(BIN)/python -m pytest tests/integration $(PYTEST_ARGS)
+	$(BIN)/python -m pytest tests/contract tests/integration $(PYTEST_ARGS)
 
 e2e: install tools-e2e services-check
 	$(BIN)/python -m pytest tests/e2e $(PYTEST_ARGS)

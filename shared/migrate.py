@@ -52,15 +52,13 @@ logger = logging.getLogger(__name__)
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 FUNCTIONS_DIR = Path(__file__).with_name("functions")
-#: Every directory of function files, in no order (files apply in name order across them):
-#: the functions of no one aggregate here, each aggregate's beside its store
-#: (stores/<aggregate>/functions; found by path, so shared/ imports no store).
+#: Every directory of function files (files apply in name order across them): the
+#: functions of no one aggregate here, each aggregate's beside its store, every
+#: stores/<aggregate>/functions there is (found by path, so shared/ imports no store; an
+#: installed wheel has stores/ beside shared/ too).
 FUNCTION_DIRS: tuple[Path, ...] = (
     FUNCTIONS_DIR,
-    *(
-        Path(__file__).resolve().parents[1] / "stores" / name / "functions"
-        for name in ("operations", "windows", "jobs", "accounts")
-    ),
+    *sorted((Path(__file__).resolve().parents[1] / "stores").glob("*/functions")),
 )
 # Any constant shared by every chatqueue process; pg_advisory_lock takes a bigint.
 ADVISORY_LOCK_KEY = 0x63686174_71756575 & 0x7FFF_FFFF_FFFF_FFFF  # "chatqueu"

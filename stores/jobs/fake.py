@@ -132,8 +132,12 @@ class InMemoryJobs:
         return job.id
 
     def hold(self, op_id: uuid.UUID, job_id: uuid.UUID) -> None:
-        """The job holds the message: no other reply may take it (reply_coverage)."""
+        """The job holds the message: no other reply may take it (reply_coverage), and it
+        reads as being replied to, as its claim would have left it."""
         self.coverage[op_id] = job_id
+        op = self.operations[op_id]
+        if op.status in _ANSWERABLE and op.status is not OperationStatus.REPLYING:
+            op.move(OperationStatus.REPLYING)
 
     def arrive_in_window(self, job_id: uuid.UUID, *ops: uuid.UUID) -> None:
         """Messages of the job's chat that arrived after it was built (its open window)."""

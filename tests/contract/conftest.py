@@ -7,8 +7,10 @@ step together, beside the per-job ones they fall back to), the suite runs both:
 ``postgres-per-job`` with the per-job functions. A body that passes on one and fails on
 another is a fake, or a twin definition, that no longer says what the others do.
 
-The ``memory`` runs need no service (``make check`` runs them); the Postgres ones take the
-session's database like the integration tests."""
+The ``memory`` runs need no service (``make check`` runs them); the Postgres ones are marked
+``integration`` and take the session's database and vhost like the integration tests (their
+``clean`` empties the tables and the queues): ``make integration`` and ``make test`` run
+them."""
 
 from __future__ import annotations
 

@@ -29,7 +29,10 @@ SUPERSEDED = Skip("every message is answered or held by another reply")
 
 
 class Jobs(Protocol):
-    """A store and what a body needs around it: seeding, and reading state back."""
+    """A store and what a body needs around it: seeding, and reading state back. A
+    message's status is read as a person reads it: on Postgres ``chatq_shown_status`` (a
+    claim writes no operation row: a message a reply holds shows as replying), in the fake
+    as stored (its claim and ``hold`` write replying)."""
 
     store: JobStorage
 
@@ -197,6 +200,7 @@ async def test_a_message_another_job_holds_is_left_to_that_job(jobs: Jobs) -> No
     state = await claimed(jobs, job_id)
 
     assert [m.operation_id for m in state.messages] == [own]
+    assert await jobs.statuses(held, own) == ["replying", "replying"]
 
 
 async def test_a_job_whose_every_message_another_job_holds_is_superseded(jobs: Jobs) -> None:
@@ -207,6 +211,7 @@ async def test_a_job_whose_every_message_another_job_holds_is_superseded(jobs: J
 
     assert await claim(jobs, job_id) == SUPERSEDED
     assert await jobs.job_status(job_id) == "superseded"
+    assert await jobs.statuses(op) == ["replying"]  # still the holder's
 
 
 async def test_a_second_handler_of_the_same_job_is_refused_while_the_first_holds_it(jobs: Jobs) -> None:
