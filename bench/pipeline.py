@@ -45,7 +45,8 @@ from bench.support import (
     private_vhost,
 )
 from shared.settings import Settings
-from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.fakes.platforms import running_fakes
+from tests.fakes.world import FakeWorld
 from tests.support.processes import Receiver, Worker, free_port
 
 # One chat per message, so every system sends exactly one reply per message.

@@ -35,7 +35,8 @@ from bench.pipeline import WRK_SCRIPT, fresh, instant_settings
 from bench.support import add_infra_arguments, bench_main
 from shared.broker.topology import RESPONDER_QUEUE
 from shared.settings import Settings
-from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.fakes.platforms import running_fakes
+from tests.fakes.world import FakeWorld
 from tests.support.processes import Receiver, Worker
 
 

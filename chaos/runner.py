@@ -31,7 +31,8 @@ from chaos.postgres import PrivatePostgres
 from chaos.prometheus import AlertWatch, watching
 from shared.faults import KNOWN_POINTS
 from shared.settings import Settings
-from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.fakes.platforms import running_fakes
+from tests.fakes.world import FakeWorld
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
 from tests.support.processes import Receiver, ServiceProcess, Worker, free_port
 from tests.support.tcpproxy import TcpProxy

@@ -22,7 +22,8 @@ import httpx
 
 from bench.support import drop_database, fresh_database, private_vhost
 from shared.settings import Settings
-from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.fakes.platforms import running_fakes
+from tests.fakes.world import FakeWorld
 from tests.support.payloads import telegram_update
 from tests.support.processes import Receiver, Worker
 

@@ -15,7 +15,8 @@ from shared.broker.topology import build_topology
 from shared.db import create_pool
 from shared.migrate import migrate
 from shared.settings import Settings
-from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.fakes.platforms import running_fakes
+from tests.fakes.world import FakeWorld
 from tests.support import service_roles
 from tests.support.broker import QueueInspector
 from tests.support.infra import Infra, InfraUnavailable, provision_infra

@@ -33,7 +33,8 @@ import pytest
 import yaml
 
 from chaos.runner import Event, deliver, verdict
-from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.fakes.platforms import running_fakes
+from tests.fakes.world import FakeWorld
 from tests.support.deploy_files import image_packages
 from tests.support.payloads import telegram_update
 

@@ -20,7 +20,8 @@ import httpx
 import pytest
 import yaml
 
-from tests.fakes.platforms import FakeWorld, running_fakes
+from tests.fakes.platforms import running_fakes
+from tests.fakes.world import FakeWorld
 from tests.support.deploy_files import DEPLOY, interpolated
 from tests.support.processes import free_port
 

@@ -15,7 +15,7 @@ import pytest
 
 from shared.settings import Settings
 from tests.conftest import ADMIN_TOKEN, AVITO_SECRET
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.pipeline import pipeline_settings
 from tests.support.processes import Receiver, Worker

@@ -19,7 +19,7 @@ import pytest
 from playwright.async_api import async_playwright, expect
 
 from tests.conftest import ADMIN_TOKEN, AVITO_SECRET, TELEGRAM_SECRET
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook, telegram_update
 from tests.support.pipeline import pipeline_settings

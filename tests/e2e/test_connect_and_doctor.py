@@ -13,7 +13,7 @@ import pytest
 
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, TELEGRAM_SECRET
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.pipeline import pipeline_settings
 from tests.support.processes import ROOT, settings_env
 

@@ -9,7 +9,7 @@ import re
 import httpx
 import pytest
 
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.pipeline import pipeline_settings
 from tests.support.processes import Receiver, Worker, free_port
 

@@ -12,7 +12,7 @@ import pytest
 from cryptography.fernet import Fernet
 
 from tests.conftest import ADMIN_TOKEN, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook
 from tests.support.pipeline import ADMIN, pipeline_settings

@@ -11,7 +11,7 @@ import httpx
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
 from tests.support.pipeline import pipeline_settings

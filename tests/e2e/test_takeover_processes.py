@@ -13,7 +13,7 @@ import httpx
 import pytest
 
 from tests.conftest import ADMIN_TOKEN, AVITO_SECRET
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook
 from tests.support.pipeline import pipeline_settings

@@ -10,7 +10,7 @@ from cryptography.fernet import Fernet
 
 from shared.settings import Settings
 from tests.conftest import replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.avito import Stack
 from tests.support.broker import wait_for
 from tests.support.pipeline import Pipeline, pipeline_settings, running_pipeline

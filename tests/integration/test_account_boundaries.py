@@ -16,7 +16,7 @@ from cryptography.fernet import Fernet, InvalidToken
 
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.integration.test_many_accounts import BOT2, KEY, SHOP2, running
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update

@@ -14,7 +14,7 @@ import pytest
 from platforms.avito.adapter import AvitoToken
 from shared.settings import Settings
 from tests.conftest import AVITO_SECRET, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook
 from tests.support.pipeline import ADMIN, Pipeline

@@ -7,7 +7,7 @@ import pytest
 
 from shared.metrics import RETRIES
 from tests.conftest import ADMIN_TOKEN, AVITO_SECRET, TELEGRAM_SECRET, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook, telegram_update
 from tests.support.pipeline import pipeline_settings

@@ -13,7 +13,7 @@ import pytest
 
 from shared.settings import Settings
 from tests.conftest import replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.avito import ME, URL, Stack, known_account
 from tests.support.broker import wait_for
 from tests.support.pipeline import ADMIN, Pipeline, running_pipeline

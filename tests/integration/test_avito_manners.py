@@ -15,7 +15,7 @@ from prometheus_client import REGISTRY
 from services.receiver.recovery import POLL_LOCK_KEY
 from shared.settings import Settings
 from tests.conftest import replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.avito import ME, URL, Stack, known_account
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook

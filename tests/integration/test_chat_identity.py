@@ -20,7 +20,7 @@ from shared.messages import InboundMessage, JobCaps, chat_key
 from stores.jobs.postgres import JobStore
 from stores.jobs.protocol import Job
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
 from tests.support.pipeline import TG, Pipeline
 

@@ -18,7 +18,7 @@ import pytest
 from services.responder.parts import split_reply
 from shared.settings import Settings
 from tests.conftest import replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.pipeline import Pipeline
 from tests.support.receiver import running_receiver

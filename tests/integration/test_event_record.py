@@ -10,7 +10,7 @@ from datetime import datetime
 import asyncpg
 import pytest
 
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import telegram_update
 from tests.support.pipeline import ADMIN, TG, Pipeline

@@ -20,7 +20,7 @@ import pytest
 
 from shared.settings import Settings
 from tests.conftest import GENERIC_SECRET, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.avito import ME, URL, Stack, known_account
 from tests.support.broker import wait_for
 from tests.support.payloads import (

@@ -22,7 +22,7 @@ from shared.secretbox import SecretBox
 from shared.settings import Settings
 from stores.accounts.registry import AccountRegistry
 from tests.conftest import AVITO_SECRET, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.infra import Infra
 from tests.support.payloads import avito_webhook, telegram_update

@@ -15,7 +15,7 @@ from platforms.avito.adapter import AvitoPlatform, AvitoToken
 from platforms.failures import Failure, Kind
 from platforms.http import PlatformHttp
 from platforms.ratelimit import AccountRateLimiter
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.avito import ME, URL, Stack
 
 pytestmark = pytest.mark.integration

@@ -17,7 +17,7 @@ from cryptography.fernet import Fernet
 from shared.settings import Settings
 from stores.accounts.registry import AccountRegistry
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update
 from tests.support.pipeline import ADMIN, Pipeline

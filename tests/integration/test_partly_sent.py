@@ -19,7 +19,7 @@ from services.responder.parts import split_reply
 from shared.settings import Settings
 from shared.state.job import lock_key
 from tests.conftest import AVITO_SECRET, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.integration.test_before_send_batch import job_in_flight
 from tests.integration.test_claim_batch import T0
 from tests.support.broker import wait_for

@@ -29,8 +29,8 @@ from platforms.telegram.adapter import TelegramPlatform
 from platforms.telegram.connect import connect_telegram
 from shared.settings import Settings
 from tests.conftest import replace
-from tests.fakes.platforms import FakeWorld
 from tests.fakes.spec import avito_spec, telegram_spec
+from tests.fakes.world import FakeWorld
 from tests.support.processes import ROOT
 
 pytestmark = pytest.mark.integration

@@ -18,7 +18,7 @@ from shared.migrate import load_migrations, migrate, pending
 from shared.roles import SERVICES, role_name
 from shared.settings import Settings
 from tests.conftest import replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.avito import ME, Stack, known_account
 from tests.support.broker import wait_for
 from tests.support.deploy_files import DEPLOY

@@ -41,7 +41,7 @@ from shared.state.job import lock_key
 from stores.jobs.postgres import JobStore
 from stores.jobs.protocol import Turn
 from tests.conftest import AVITO_SECRET, TEST_TOPOLOGY, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.integration.test_relay import via_proxy
 from tests.support.broker import QueueInspector, wait_for
 from tests.support.payloads import avito_webhook

@@ -9,7 +9,7 @@ import pytest
 from services.responder.parts import split_reply
 from shared.settings import Settings
 from tests.conftest import replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.pipeline import Pipeline
 from tests.support.receiver import running_receiver
 from tests.support.services import running_coalescers, running_responders

@@ -11,7 +11,7 @@ from cryptography.fernet import Fernet
 
 from shared.settings import Settings
 from tests.conftest import replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import dumps, generic_message, signed
 from tests.support.pipeline import ADMIN, running_pipeline

@@ -15,7 +15,7 @@ from shared.broker.connection import BrokerConnection
 from shared.broker.consumer import Consumer
 from shared.broker.topology import JOB_ROUTING_KEY, JOBS_EXCHANGE, RESPONDER_DEAD_QUEUE, RESPONDER_QUEUE
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TEST_TOPOLOGY, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import QueueInspector, wait_for
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed
 from tests.support.pipeline import Pipeline

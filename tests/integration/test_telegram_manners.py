@@ -11,7 +11,7 @@ import asyncpg
 import pytest
 
 from tests.conftest import replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import (
     bot_command,

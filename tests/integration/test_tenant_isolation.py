@@ -27,7 +27,7 @@ from shared.secretbox import SecretBox
 from shared.settings import Settings
 from stores.accounts.registry import AccountRegistry
 from tests.conftest import AVITO_SECRET, GENERIC_SECRET, TELEGRAM_SECRET, replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.integration.test_many_accounts import BOT2, KEY, SHOP2, SHOP2_PATH, add, running
 from tests.support.broker import wait_for
 from tests.support.payloads import avito_webhook, dumps, generic_message, signed, telegram_update

@@ -13,7 +13,7 @@ from pydantic import SecretStr
 from services.responder.llm import SYSTEM_PROMPT
 from shared.settings import Settings
 from tests.conftest import replace
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.payloads import dumps, generic_message, signed
 from tests.support.pipeline import GENERIC_SECRET, Pipeline, running_pipeline
 

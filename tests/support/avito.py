@@ -7,7 +7,7 @@ from dataclasses import dataclass
 
 from services.receiver.app import Runtime
 from tests.conftest import AVITO_SECRET
-from tests.fakes.platforms import FakeWorld
+from tests.fakes.world import FakeWorld
 from tests.support.pipeline import ADMIN, Pipeline
 
 #: The environment's Avito account (its user_id), and the environment's webhook path.

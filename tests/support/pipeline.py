@@ -11,8 +11,8 @@ import asyncpg
 from services.receiver.app import ReceiverApps
 from shared.settings import Settings
 from tests.conftest import ADMIN_TOKEN, GENERIC_SECRET, TELEGRAM_SECRET, replace
-from tests.fakes.platforms import FakeWorld
 from tests.fakes.spec import telegram_spec
+from tests.fakes.world import FakeWorld
 from tests.support.broker import wait_for
 from tests.support.payloads import telegram_update
 from tests.support.receiver import running_receiver

@@ -256,7 +256,7 @@ def test_a_business_away_message_is_not_the_owner_taking_over() -> None:
 
 
 def test_a_business_connection_update_says_whether_its_chats_may_be_answered() -> None:
-    from tests.fakes.platforms import FakeWorld
+    from tests.fakes.world import FakeWorld
 
     world = FakeWorld()
     for enabled, can_reply, paused in ((True, True, False), (False, True, True), (True, False, True)):

@@ -136,7 +136,7 @@ def sample_updates(kind: str) -> list[dict]:
             for chat_id, chat_type in ((42, "private"), (-500, "group"), (-100500, "supergroup"))
         ]
     if kind == "business_connection":
-        from tests.fakes.platforms import FakeWorld
+        from tests.fakes.world import FakeWorld
 
         return [{"update_id": 1, kind: FakeWorld().business_connection("biz-conn-1")}]
     return [{"update_id": 1, kind: telegram_update(1)["message"]}]
