@@ -7,7 +7,6 @@ import time
 import urllib.parse
 from collections.abc import Awaitable, Callable, Mapping
 from dataclasses import dataclass
-from datetime import datetime
 from typing import Any, Protocol, runtime_checkable
 
 import httpx
@@ -15,6 +14,7 @@ import httpx
 from platforms.failures import TRANSPORT_ERRORS, Failure, Kind, classify_status, classify_transport
 from platforms.ratelimit import AccountRateLimiter
 from shared import metrics
+from stores.jobs.protocol import Attempts
 
 
 def segment(value: str) -> str:
@@ -79,16 +79,6 @@ def chat_manners(platform: object) -> ChatManners | None:
     if mannered is None:
         mannered = _MANNERED[kind] = isinstance(platform, ChatManners)
     return platform if mannered else None  # type: ignore[return-value]
-
-
-@dataclass(frozen=True)
-class Attempts:
-    """A job's sends that may have reached the platform: one text, from the first such
-    attempt's start to the latest attempt's start."""
-
-    text: str
-    since: datetime
-    latest: datetime
 
 
 @dataclass(frozen=True)

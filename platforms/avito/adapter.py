@@ -23,7 +23,6 @@ from platforms.base import (
     LIMITED_BACKOFF_SECONDS,
     SPENT_WINDOW_SECONDS,
     Answer,
-    Attempts,
     HttpClient,
     Listing,
     Sent,
@@ -38,6 +37,7 @@ from platforms.base import (
 from platforms.failures import Failure, Kind
 from platforms.ratelimit import AccountRateLimiter, SharedBudget
 from shared.secretbox import SecretBox
+from stores.jobs.protocol import Attempts
 
 logger = logging.getLogger(__name__)
 

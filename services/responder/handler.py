@@ -19,7 +19,7 @@ from prometheus_client import Counter
 from pydantic import ValidationError
 
 from platforms.accounts import AccountPlatforms, FixedPlatforms, Incomplete, Unserved
-from platforms.base import Attempts, Listing, Platform, Sent, SentQuery, TooEarly, chat_manners
+from platforms.base import Listing, Platform, Sent, SentQuery, TooEarly, chat_manners
 from platforms.failures import Failure, Kind
 from platforms.telegram.adapter import TelegramPlatform
 from services.responder.connections import BusinessConnections
@@ -40,6 +40,7 @@ from shared.settings import DEFAULT_GREETING
 from shared.state.job import DeliveryStatus
 from stores.jobs.protocol import (
     AccountStopped,
+    Attempts,
     Job,
     JobBusy,
     JobSession,

@@ -13,7 +13,6 @@ from collections.abc import AsyncIterator, Sequence
 from dataclasses import dataclass, field, replace
 from datetime import UTC, datetime, timedelta
 
-from platforms.base import Attempts
 from shared.broker.consumer import Reject
 from shared.messages import chat_key
 from shared.state import job as job_state
@@ -22,7 +21,18 @@ from shared.state.account import AccountState
 from shared.state.job import DeliveryStatus, JobStatus
 from shared.state.operation import OperationStatus
 from stores.accounts.fake import InMemoryAccountStates
-from stores.jobs.protocol import Job, JobBusy, JobWithdrawn, Message, Part, Reconcile, Row, Settled, Skip
+from stores.jobs.protocol import (
+    Attempts,
+    Job,
+    JobBusy,
+    JobWithdrawn,
+    Message,
+    Part,
+    Reconcile,
+    Row,
+    Settled,
+    Skip,
+)
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 _ANSWERABLE = (

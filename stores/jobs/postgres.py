@@ -24,7 +24,6 @@ from typing import TypeVar
 import asyncpg
 from asyncpg.pool import PoolConnectionProxy
 
-from platforms.base import Attempts
 from shared import metrics
 from shared.broker.consumer import Outcome, Reject, classify
 from shared.db import Conn, announce_jobs_ended, one
@@ -35,6 +34,7 @@ from stores.accounts import postgres as account_state
 from stores.jobs.batches import SharedConnection, lost
 from stores.jobs.protocol import (
     AccountStopped,
+    Attempts,
     Job,
     JobBusy,
     JobWithdrawn,

@@ -14,13 +14,13 @@ from dataclasses import dataclass
 from datetime import datetime
 from typing import Protocol
 
-from platforms.base import Attempts
 from shared.messages import Row
 from shared.messages import chat_key as make_chat_key
 from shared.state.job import DeliveryStatus
 
 __all__ = [
     "AccountStopped",
+    "Attempts",
     "Job",
     "JobBusy",
     "JobSession",
@@ -34,6 +34,17 @@ __all__ = [
     "Skip",
     "Turn",
 ]
+
+
+@dataclass(frozen=True)
+class Attempts:
+    """A job's sends that may have reached the platform: one text, from the first such
+    attempt's start to the latest attempt's start (what a platform's reconcile looks for,
+    ``platforms.base.SentQuery``)."""
+
+    text: str
+    since: datetime
+    latest: datetime
 
 
 @dataclass(frozen=True)

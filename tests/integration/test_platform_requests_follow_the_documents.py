@@ -21,13 +21,14 @@ from pydantic import SecretStr
 from chatq.doctor import check_alerts, check_avito, check_model, check_telegram
 from platforms.avito.adapter import AvitoPlatform, AvitoToken
 from platforms.avito.connect import connect_avito
-from platforms.base import Attempts, Listing, SentQuery
+from platforms.base import Listing, SentQuery
 from platforms.connect import ConnectError
 from platforms.failures import Failure
 from platforms.ratelimit import AccountRateLimiter
 from platforms.telegram.adapter import TelegramPlatform
 from platforms.telegram.connect import connect_telegram
 from shared.settings import Settings
+from stores.jobs.protocol import Attempts
 from tests.conftest import replace
 from tests.fakes.spec import avito_spec, telegram_spec
 from tests.fakes.world import FakeWorld

@@ -9,10 +9,11 @@ import httpx
 import pytest
 
 from platforms.avito.adapter import AvitoPlatform, AvitoToken
-from platforms.base import Attempts, Sent, SentQuery, TooEarly, call
+from platforms.base import Sent, SentQuery, TooEarly, call
 from platforms.failures import Kind, classify_llm, classify_status, classify_transport
 from platforms.ratelimit import AccountRateLimiter
 from platforms.telegram.adapter import TelegramPlatform
+from stores.jobs.protocol import Attempts
 
 pytestmark = pytest.mark.unit
 

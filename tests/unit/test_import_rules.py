@@ -1,6 +1,7 @@
 """Who may import whom, held on the source (imports inside functions included): no service
-imports another, shared/ imports nothing above it, the platform and store packages import
-no service, and no service imports the operator's tooling (``python -m services``, the
+imports another; the layers go one way, services -> platforms -> stores -> shared, so
+shared/ imports nothing above it, a store no platform, and neither a service; no service
+imports the operator's tooling (``python -m services``, the
 development runner, reads its env file through it). The receiver once imported the
 responder's adapters, and shared/ the receiver's Telegram webhook."""
 
@@ -63,6 +64,11 @@ def test_the_platform_and_store_packages_import_no_service_and_no_tooling() -> N
         if src in ("platforms", "stores") and (dst.startswith("services") or dst == "chatq")
     )
     assert upward == []
+
+
+def test_the_stores_import_only_shared_so_the_layers_go_one_way() -> None:
+    """services -> platforms -> stores -> shared: a store knows no platform."""
+    assert sorted((dst, f) for src, dst, f in imports() if src == "stores" and dst != "shared") == []
 
 
 def test_only_the_development_runner_of_all_three_services_imports_the_tooling() -> None:
