@@ -11,7 +11,6 @@ from datetime import datetime
 
 import asyncpg
 
-from shared.answered import MARK_ANSWERED
 from shared.broker.topology import INBOUND_EXCHANGE, inbound_routing_key
 from shared.db import Conn
 from shared.messages import InboundMessage
@@ -20,6 +19,17 @@ from shared.state import job as job_state
 from shared.state import operation as operation_state
 from shared.state.operation import OperationStatus
 from stores.operations.protocol import Closing, Locked, OperationSession
+
+#: Each chat's last answered message is the marker behind the history the reply writer sees;
+#: it only moves forward in platform order (shared/functions/10_chats.sql).
+#: A person answered these operations ($2) of a chat ($1) through job $3: the latest of
+#: them in platform order becomes the marker, if later than the current one.
+MARK_ANSWERED = """
+SELECT chatq_advance_last_answered($1, o.platform, o.sent_at, o.message_id, o.received_at, now(), $3)
+FROM operations o WHERE o.id = ANY($2::uuid[])
+ORDER BY chatq_order(o.platform, o.sent_at, o.message_id, o.received_at) DESC
+LIMIT 1
+"""
 
 
 class PgOperationStore:
