@@ -441,7 +441,7 @@ async def test_a_generic_403_about_one_chat_fails_that_reply_alone_instead_of_pa
 async def test_a_chat_avito_will_not_list_does_not_hide_the_accounts_newer_chats(
     stack: Stack, world: FakeWorld, pool: asyncpg.Pool, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    from tests.fakes import platforms as fakes
+    from tests.fakes import avito as fakes
 
     await known_account(stack, world)
     await stack.poll()
