@@ -235,6 +235,11 @@ async def test_a_send_refused_for_its_business_connection_pauses_it_once_and_a_p
         what="the connection to be paused",
     )
     assert "BUSINESS_CONNECTION_NOT_ALLOWED" in reason
+    # The alert goes out after the pause commits, over HTTP: waited for, not read at once.
+    await wait_for(
+        lambda: any(a["body"]["type"] == "business_connection.paused" for a in world.alerts),
+        what="the alert",
+    )
     paused = [a for a in world.alerts if a["body"]["type"] == "business_connection.paused"]
     assert len(paused) == 1
     for op in ops:
@@ -243,6 +248,9 @@ async def test_a_send_refused_for_its_business_connection_pauses_it_once_and_a_p
     await pool.execute("UPDATE telegram_business_connections SET next_probe_at = now()")
     for op in ops:
         assert (await pipeline.settled(op, within=30))["status"] == "replied"
+    assert len([a for a in world.alerts if a["body"]["type"] == "business_connection.paused"]) == 1, (
+        "paused once"
+    )
 
 
 @pytest.mark.parametrize("known", [False, True], ids=["no update came", "an update came"])
