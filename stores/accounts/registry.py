@@ -449,8 +449,12 @@ class AccountRegistry:
         due = loop.time() + self._refresh_seconds
         while True:
             wake = due if self.listening or self._dsn is None else min(due, loop.time() + RELISTEN_SECONDS)
+            # asyncio.timeout, not wait_for: Python 3.11's wait_for swallows a cancellation
+            # that comes as the event is set (gh-86296), and stop() then waited for ever
+            # (a receiver's shutdown hung once in CI, this task still looping).
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._changed.wait(), timeout=max(0.0, wake - loop.time()))
+                async with asyncio.timeout(max(0.0, wake - loop.time())):
+                    await self._changed.wait()
             self._changed.clear()
             if self._dsn is not None and not self.listening and await self._listen():
                 # What changed while nobody listened was not notified: read everything.
