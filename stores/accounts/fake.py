@@ -22,7 +22,6 @@ class FakeAccount:
     reason: str | None = None
     since: datetime = T0
     next_probe_at: datetime | None = None
-    removed: bool = False
 
     def move(self, to: AccountState, now: datetime) -> None:
         LIFECYCLE.check(self.state, to)
@@ -52,7 +51,7 @@ class InMemoryAccountStates:
 
     async def pause_by_person(self, platform: str, account_id: str, reason: str) -> bool:
         account = self.accounts.get((platform, account_id))
-        if account is None or account.removed or account.state is AccountState.PAUSED_BY_PERSON:
+        if account is None or account.state is AccountState.PAUSED_BY_PERSON:
             return False
         account.move(AccountState.PAUSED_BY_PERSON, self.clock)
         account.reason, account.next_probe_at = reason, None
@@ -68,7 +67,7 @@ class InMemoryAccountStates:
 
     async def resume_by_person(self, platform: str, account_id: str) -> None:
         account = self.accounts.get((platform, account_id))
-        if account is None or account.removed:
+        if account is None:
             return
         if account.state is AccountState.PAUSED_BY_PERSON:
             account.move(AccountState.ACTIVE, self.clock)

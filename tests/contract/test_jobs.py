@@ -21,8 +21,8 @@ from shared.state.operation import OperationStatus
 from stores.jobs.fake import InMemoryJobs
 from stores.jobs.postgres import JobStore
 from stores.jobs.protocol import Job, JobBusy, JobStorage, Reconcile, Skip
-from tests.contract import seed
 from tests.contract.conftest import MEMORY, OWN_CONNECTION, PER_JOB, POSTGRES, backends, postgres_pool
+from tests.support import seed
 
 T0 = seed.T0
 SUPERSEDED = Skip("every message is answered or held by another reply")

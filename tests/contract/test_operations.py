@@ -18,8 +18,8 @@ from shared.state.operation import OperationStatus
 from stores.operations.fake import InMemoryOperations
 from stores.operations.postgres import PgOperationStore
 from stores.operations.protocol import Closing, OperationStore
-from tests.contract import seed
 from tests.contract.conftest import MEMORY, POSTGRES, backends, postgres_pool
+from tests.support import seed
 
 S = OperationStatus
 CHAT = "telegram:bot:77"

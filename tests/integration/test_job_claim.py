@@ -15,65 +15,12 @@ from shared.broker.consumer import Reject
 from stores.jobs.postgres import JobStore
 from stores.jobs.protocol import Job, JobBusy, Reconcile, Skip
 from tests.support.broker import wait_for
+from tests.support.seed import job, operation
 
 pytestmark = [pytest.mark.integration, pytest.mark.usefixtures("clean")]
 
 T0 = datetime(2026, 11, 1, 12, 0, tzinfo=UTC)
 CHAT = "telegram:bot:77"
-
-
-async def operation(
-    pool: asyncpg.Pool, message_id: str, *, at: datetime, status: str = "waiting", chat: str = "77"
-) -> uuid.UUID:
-    op = uuid.uuid4()
-    await pool.execute(
-        """
-        INSERT INTO operations (id, platform, account_id, event_id, chat_id, message_id, text, sent_at,
-                                status, received_at, payload)
-        VALUES ($1, 'telegram', 'bot', $2, $6, $2, $3, $4::timestamptz, $5, $4::timestamptz + interval '1 second', '{}')
-        """,
-        op,
-        message_id,
-        f"message {message_id}",
-        at,
-        status,
-        chat,
-    )
-    return op
-
-
-async def job(
-    pool: asyncpg.Pool, ops: list[uuid.UUID], *, status: str = "pending", chat: str = "77"
-) -> uuid.UUID:
-    window, job_id = uuid.uuid4(), uuid.uuid4()
-    await pool.execute(
-        """
-        INSERT INTO chat_windows (id, chat_key, platform, account_id, chat_id, status, first_at, last_at,
-                                  deadline_at, due_at, delay_seconds, message_count, closed_at, job_id)
-        VALUES ($1, $2, 'telegram', 'bot', $5, 'closed', $3, $3, $3, $3, 0, 1, $3, $4)
-        """,
-        window,
-        f"telegram:bot:{chat}",
-        T0,
-        job_id,
-        chat,
-    )
-    await pool.execute(
-        """
-        INSERT INTO reply_jobs (id, window_id, chat_key, platform, account_id, chat_id, status, operation_ids,
-                                reply_text, sent_at)
-        VALUES ($1, $2, $3, 'telegram', 'bot', $6, $4::text, $5,
-                CASE WHEN $4 = 'sent' THEN 'an earlier reply' END, CASE WHEN $4 = 'sent' THEN now() END)
-        """,
-        job_id,
-        window,
-        f"telegram:bot:{chat}",
-        status,
-        ops,
-        chat,
-    )
-    await pool.execute("UPDATE operations SET job_id = $1 WHERE id = ANY($2::uuid[])", job_id, ops)
-    return job_id
 
 
 async def claim(pool: asyncpg.Pool, job_id: uuid.UUID, attempt: int = 1) -> Job | Skip | Reconcile:

@@ -1,4 +1,4 @@
-"""Rows seeded directly in Postgres for the contract suites (as tests/integration does), so
+"""Rows seeded directly in Postgres (the contract suites, tests/integration/test_job_claim.py), so
 each situation is exact: a buyer message in a given status, a reply job over messages."""
 
 from __future__ import annotations
