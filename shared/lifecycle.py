@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import asyncio
 import gc
+import io
 import logging
 import signal
 from collections.abc import Awaitable, Callable, Coroutine, Mapping
@@ -87,7 +88,14 @@ def freeze_startup_heap() -> None:
 
 async def every(seconds: float, name: str, step: Callable[[], Awaitable[object]]) -> None:
     """Run ``step`` every ``seconds`` until cancelled. A failing round is logged with its
-    reason and the next round runs as planned (Postgres away, say), never swallowed."""
+    reason and the next round runs as planned (Postgres away, say), never swallowed.
+
+    A cancellation that a round swallowed still ends the loop: Python 3.11's
+    ``asyncio.wait_for`` (in a library a step calls, say) returns its result when the
+    cancellation arrives as what it waits for finishes (gh-86296), and the loop then slept
+    for the next round, cancelled in name only, with its canceller waiting for ever (a
+    receiver's shutdown hung so in CI, its readiness gauges' task "cancelling" in here)."""
+    task = asyncio.current_task()
     while True:
         try:
             await step()
@@ -95,4 +103,40 @@ async def every(seconds: float, name: str, step: Callable[[], Awaitable[object]]
             raise
         except Exception as exc:
             logger.warning("%s: %s: %s; next round in %.0fs", name, type(exc).__name__, exc, seconds)
+        if task is not None and task.cancelling():
+            raise asyncio.CancelledError
         await asyncio.sleep(seconds)
+
+
+async def cancel_and_wait(task: asyncio.Task[Any], *, grace: float = 5.0, patience: float = 15.0) -> bool:
+    """Cancel ``task`` and wait for it to end; True when it did.
+
+    A single cancel followed by ``await task`` waits for ever on a task that swallowed its
+    cancellation (Python 3.11's ``asyncio.wait_for``, gh-86296, in our code or a library's)
+    and went on: a service's shutdown then hangs. So the task gets ``grace`` seconds to
+    finish what it does on a cancellation (close a channel, say), is cancelled again every
+    second after that, and after ``patience`` seconds is given up on, with its stack logged
+    as an error: the process goes on stopping and the log says which task would not."""
+    loop = asyncio.get_running_loop()
+    start = loop.time()
+    task.cancel()
+    while not task.done():
+        elapsed = loop.time() - start
+        if elapsed >= patience:
+            stack = io.StringIO()
+            task.print_stack(file=stack)
+            logger.error(
+                "task %s did not stop %.0fs after it was cancelled; left running:\n%s",
+                task.get_name(),
+                elapsed,
+                stack.getvalue(),
+            )
+            return False
+        if elapsed < grace:
+            await asyncio.wait({task}, timeout=grace - elapsed)
+        else:
+            task.cancel()
+            await asyncio.wait({task}, timeout=min(1.0, patience - elapsed))
+    if not task.cancelled():
+        task.exception()  # retrieved: the owner logs failures, asyncio need not
+    return True

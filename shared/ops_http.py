@@ -113,7 +113,8 @@ def consumer_readiness(
 async def postgres_check(pool: asyncpg.Pool) -> str:
     """The postgres check: a round trip within 2 s, or why not."""
     try:
-        await asyncio.wait_for(pool.fetchval("SELECT 1"), timeout=2)
+        async with asyncio.timeout(2):
+            await pool.fetchval("SELECT 1")
     except Exception as exc:
         return f"unreachable: {type(exc).__name__}"
     return OK

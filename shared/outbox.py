@@ -230,7 +230,8 @@ class Relay:
                 backoff = min(backoff * 2, 2.0)
                 continue
             try:
-                await asyncio.wait_for(self._wake.wait(), timeout=self._poll_seconds)
+                async with asyncio.timeout(self._poll_seconds):
+                    await self._wake.wait()
             except TimeoutError:
                 pass
 

@@ -14,7 +14,6 @@ runs. A part that ends before SIGTERM stops the service, which exits 1 once drai
 from __future__ import annotations
 
 import asyncio
-import contextlib
 import inspect
 import logging
 from collections.abc import Awaitable, Callable, Coroutine
@@ -27,7 +26,7 @@ import asyncpg
 from shared.broker.connection import BrokerConnection
 from shared.broker.topology import Topology, build_topology
 from shared.db import create_pool
-from shared.lifecycle import every, freeze_startup_heap
+from shared.lifecycle import cancel_and_wait, every, freeze_startup_heap
 from shared.migrate import migrate_dsn
 from shared.settings import Settings
 
@@ -165,9 +164,7 @@ class Supervisor:
 
 
 async def _cancel(task: asyncio.Task[Any]) -> None:
-    task.cancel()
-    with contextlib.suppress(asyncio.CancelledError, Exception):
-        await task
+    await cancel_and_wait(task)
 
 
 async def serve(

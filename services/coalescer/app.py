@@ -138,7 +138,8 @@ async def declare(parts: Supervisor, settings: Settings) -> None:
         # Emitted jobs leave before we go.
         relay.notify()
         try:
-            await asyncio.wait_for(relay.run_once(), timeout=5)
+            async with asyncio.timeout(5):
+                await relay.run_once()
         finally:
             relay.stop()
 

@@ -407,7 +407,8 @@ class Coalescer:
             gap = loop.time() - last_round
             if gap < ROUND_GAP_SECONDS:
                 with contextlib.suppress(TimeoutError):
-                    await asyncio.wait_for(self._stop_requested.wait(), ROUND_GAP_SECONDS - gap)
+                    async with asyncio.timeout(ROUND_GAP_SECONDS - gap):
+                        await self._stop_requested.wait()
                 if self._stopping:
                     break
             last_round = loop.time()
@@ -429,7 +430,8 @@ class Coalescer:
             timeout = poll_seconds if wait is None else min(max(wait, 0.0), poll_seconds)
             self._sleep_until = datetime.now(UTC) + timedelta(seconds=timeout)
             with contextlib.suppress(TimeoutError):
-                await asyncio.wait_for(self._wake.wait(), timeout=timeout)
+                async with asyncio.timeout(timeout):
+                    await self._wake.wait()
 
     async def seconds_to_next_due(self) -> float | None:
         return await self._store.seconds_to_next_due()

@@ -73,7 +73,8 @@ async def held_while_postgres_is_away(
         left = deadline - loop.time()
         attempt = asyncio.ensure_future(store())
         try:
-            return await asyncio.wait_for(asyncio.shield(attempt), timeout=max(left, 0.5))
+            async with asyncio.timeout(max(left, 0.5)):
+                return await asyncio.shield(attempt)
         except TimeoutError as exc:
             if reachable is not None and await reachable():
                 return await attempt  # Postgres answers: slow, not away

@@ -155,7 +155,8 @@ class BrokerConnection:
     async def _close(connection: AbstractConnection) -> None:
         if not connection.is_closed:
             try:
-                await asyncio.wait_for(connection.close(), timeout=5)
+                async with asyncio.timeout(5):
+                    await connection.close()
             except Exception:
                 logger.debug("closing a broken connection failed", exc_info=True)
 

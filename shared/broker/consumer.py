@@ -459,7 +459,8 @@ class Consumer:
     async def _pause(self, seconds: float) -> None:
         """Wait, but no longer than until the consumer is asked to stop."""
         with contextlib.suppress(TimeoutError):
-            await asyncio.wait_for(self._stopping.wait(), timeout=seconds)
+            async with asyncio.timeout(seconds):
+                await self._stopping.wait()
 
     async def handle_delivery(self, message: Delivery) -> None:
         """Run the handler on one delivery, then settle the message by the outcome

@@ -107,7 +107,8 @@ class ConfirmingPublisher:
         connection, self._connection = self._connection, None
         if channel is not None and not channel.is_closed:
             try:
-                await asyncio.wait_for(channel.close(), timeout=5)
+                async with asyncio.timeout(5):
+                    await channel.close()
             except Exception:
                 pass
         await self._broker.reset(connection)

@@ -38,6 +38,7 @@ from cryptography.fernet import InvalidToken, MultiFernet
 
 from shared import metrics
 from shared.credentials import credential_problems
+from shared.lifecycle import cancel_and_wait
 from shared.secretbox import SecretBox, SecretsUnavailable
 from shared.settings import Settings
 from stores.accounts.postgres import pause_by_person
@@ -476,9 +477,7 @@ class AccountRegistry:
 
     async def stop(self) -> None:
         if self._task is not None:
-            self._task.cancel()
-            with contextlib.suppress(asyncio.CancelledError, Exception):
-                await self._task
+            await cancel_and_wait(self._task)
         if self._listener is not None:
             listener, self._listener = self._listener, None
             listener.remove_termination_listener(self._lost)
