@@ -77,7 +77,7 @@ class Supervisor:
         if self.settings.migrate_on_start:
             await migrate_dsn(dsn)
         pool = await create_pool(dsn, size=size)
-        self.stack.push_async_callback(self._close, "postgres pool", pool.close)
+        self.stack.push_async_callback(self._close, "postgres pool", lambda: _close_pool(pool))
         return pool
 
     def broker(self, name: str) -> BrokerConnection:
@@ -142,19 +142,22 @@ class Supervisor:
         except Exception:
             logger.exception("%s: stopping %s failed", self.name, part.name)
         finally:
-            if part.wait is None:
-                done, _ = await asyncio.wait({part.task})
-            else:
-                done, _ = await asyncio.wait({part.task}, timeout=part.wait)
-            if not done:
-                logger.warning(
-                    "%s: %s did not finish within %.0fs; cancelled", self.name, part.name, part.wait
-                )
-            elif not part.reported and not part.task.cancelled() and part.task.exception() is not None:
-                logger.error(
-                    "%s: %s failed as it stopped", self.name, part.name, exc_info=part.task.exception()
-                )
-            await _cancel(part.task)
+            try:
+                if part.wait is None:
+                    done, _ = await asyncio.wait({part.task})
+                else:
+                    done, _ = await asyncio.wait({part.task}, timeout=part.wait)
+                if not done:
+                    logger.warning(
+                        "%s: %s did not finish within %.0fs; cancelled", self.name, part.name, part.wait
+                    )
+                elif not part.reported and not part.task.cancelled() and part.task.exception() is not None:
+                    logger.error(
+                        "%s: %s failed as it stopped", self.name, part.name, exc_info=part.task.exception()
+                    )
+            finally:
+                # Also when the drain itself is cancelled: the part never outlives it.
+                await _cancel(part.task)
 
     async def _close(self, name: str, close: Callable[[], Awaitable[object]]) -> None:
         try:
@@ -165,6 +168,24 @@ class Supervisor:
 
 async def _cancel(task: asyncio.Task[Any]) -> None:
     await cancel_and_wait(task)
+
+
+#: How long the pool's close waits for connections still in use before it cuts them.
+POOL_CLOSE_SECONDS = 10.0
+
+
+async def _close_pool(pool: asyncpg.Pool) -> None:
+    """asyncpg's close waits until every connection in use is released: for ever, if a
+    task that holds one never ends. Cut (terminated) after POOL_CLOSE_SECONDS instead:
+    what those connections had not committed rolls back, as after a crash."""
+    try:
+        async with asyncio.timeout(POOL_CLOSE_SECONDS):
+            await pool.close()
+    except TimeoutError:
+        pool.terminate()
+        logger.warning(
+            "postgres pool: connections still in use %.0fs into its close; cut", POOL_CLOSE_SECONDS
+        )
 
 
 async def serve(

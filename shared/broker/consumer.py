@@ -70,6 +70,10 @@ from shared.retry import ATTEMPT_HEADER, ERROR_HEADER, attempt_of, delivery_coun
 
 logger = logging.getLogger(__name__)
 
+#: The longest a shutdown waits on one broker call (a consumer's cancel, a channel's close)
+#: or for its cancelled in-flight handlers.
+BROKER_CALL_SECONDS = 5.0
+
 
 class Reject(Exception):
     """This message can never succeed: dead-letter it, with this reason logged."""
@@ -309,8 +313,11 @@ class Consumer:
         self._stopping.set()
         channel = self._channel
         if channel is not None and not channel.is_closed and self._consumer_tag:
+            # Bounded: a broker node gone without closing TCP answers nothing until the
+            # heartbeat gives up (three minutes), past Kubernetes' grace period.
             with contextlib.suppress(Exception):
-                await (await channel.get_underlay_channel()).basic_cancel(self._consumer_tag)
+                async with asyncio.timeout(BROKER_CALL_SECONDS):
+                    await (await channel.get_underlay_channel()).basic_cancel(self._consumer_tag)
         # What was gathered for a batch goes now; each batch that ends starts the next.
         self._start_batch()
         deadline = time.monotonic() + drain_seconds
@@ -325,9 +332,14 @@ class Consumer:
                 "%d message(s) still in flight at shutdown; they will be redelivered",
                 len(pending) + len(self._gathered),
             )
+        if pending:
+            # Their transactions roll back and their connections go back to the pool,
+            # which closes after this.
+            await asyncio.wait(pending, timeout=BROKER_CALL_SECONDS)
         if channel is not None and not channel.is_closed:
             with contextlib.suppress(Exception):
-                await channel.close()
+                async with asyncio.timeout(BROKER_CALL_SECONDS):
+                    await channel.close()
 
     async def _on_delivered(self, message: DeliveredMessage) -> None:
         await self._on_message(AmqpDelivery(message))

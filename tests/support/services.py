@@ -8,6 +8,7 @@ from collections.abc import AsyncIterator
 
 from services.coalescer import app as coalescer_app
 from services.responder import app as responder_app
+from shared.lifecycle import cancel_and_wait
 from shared.settings import Settings
 from tests.support.service_roles import as_service
 
@@ -23,8 +24,16 @@ async def _running(
     finally:
         for stop in stops:
             stop.set()
+        # All of them, each bounded: one that fails or hangs leaves none running into the
+        # next test (where it would still take from the shared queues).
+        done, stuck = await asyncio.wait(tasks, timeout=30)
+        for task in stuck:
+            await cancel_and_wait(task)
         for task in tasks:
-            await asyncio.wait_for(task, timeout=30)
+            if task in done:
+                task.result()
+        if stuck:
+            raise TimeoutError(f"{sorted(t.get_name() for t in stuck)} did not stop within 30 s")
 
 
 def running_coalescers(settings: Settings, replicas: int = 1):

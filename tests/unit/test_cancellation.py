@@ -13,6 +13,9 @@ from __future__ import annotations
 import ast
 import asyncio
 import logging
+import subprocess
+import sys
+import textwrap
 from pathlib import Path
 
 import pytest
@@ -181,3 +184,34 @@ async def test_a_service_whose_gauges_swallowed_the_cancellation_still_stops(
     await asyncio.wait_for(entered.wait(), 5)
     stop.set()
     assert await asyncio.wait_for(service, timeout=5) == 0
+
+
+def test_a_service_process_exits_even_when_a_task_of_it_will_not_stop() -> None:
+    # Without the bound, asyncio's own end cancels the task once and waits for ever.
+    program = textwrap.dedent(
+        """
+        import asyncio, logging, sys
+        from shared.lifecycle import run_service
+        logging.basicConfig(stream=sys.stderr)
+
+        async def refuses_to_stop() -> None:
+            while True:
+                try:
+                    await asyncio.sleep(60)
+                except asyncio.CancelledError:
+                    continue
+
+        async def main() -> int:
+            asyncio.get_running_loop().create_task(refuses_to_stop(), name="stubborn")
+            await asyncio.sleep(0.01)
+            return 0
+
+        sys.exit(run_service(main(), grace=0.05, patience=0.3))
+        """
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", program], cwd=ROOT, capture_output=True, text=True, timeout=30
+    )
+    assert done.returncode == 1
+    assert "task stubborn did not stop" in done.stderr
+    assert "1 task(s) would not stop; exiting without them" in done.stderr
