@@ -113,7 +113,7 @@ class Supervisor:
         """A step repeated every ``seconds`` (gauges, sweeps, probes), its failures logged
         and the next round run as planned; cancelled on the way out."""
         task = asyncio.create_task(every(seconds, name, step), name=name)
-        self.stack.push_async_callback(_cancel, task)
+        self.stack.push_async_callback(cancel_and_wait, task)
 
     async def wait(self, stop: asyncio.Event) -> bool:
         """Until ``stop`` is set or a part ends. True when a part ended first (a failure:
@@ -157,17 +157,13 @@ class Supervisor:
                     )
             finally:
                 # Also when the drain itself is cancelled: the part never outlives it.
-                await _cancel(part.task)
+                await cancel_and_wait(part.task)
 
     async def _close(self, name: str, close: Callable[[], Awaitable[object]]) -> None:
         try:
             await close()
         except Exception:
             logger.exception("%s: closing the %s failed", self.name, name)
-
-
-async def _cancel(task: asyncio.Task[Any]) -> None:
-    await cancel_and_wait(task)
 
 
 #: How long the pool's close waits for connections still in use before it cuts them.

@@ -29,16 +29,13 @@ class PgAccountStates:
         await resume_by_person(self._pool, platform, account_id)
 
     async def resume(self, platform: str, account_id: str) -> bool:
-        async with self._pool.acquire() as conn:
-            return await resume(conn, platform, account_id)
+        return await resume(self._pool, platform, account_id)
 
     async def probe_later(self, platform: str, account_id: str, reason: str, probe_in: float) -> None:
-        async with self._pool.acquire() as conn:
-            await probe_later(conn, platform, account_id, reason, probe_in)
+        await probe_later(self._pool, platform, account_id, reason, probe_in)
 
     async def due_for_probe(self, platforms: list[str]) -> Sequence[Row]:
-        async with self._pool.acquire() as conn:
-            return await due_for_probe(conn, platforms)
+        return await due_for_probe(self._pool, platforms)
 
     async def paused(self) -> Sequence[Row]:
         return await paused(self._pool)
@@ -72,7 +69,7 @@ async def pause_by_platform(conn: Conn, platform: str, account_id: str, reason: 
     return bool(moved)
 
 
-async def resume(conn: Conn, platform: str, account_id: str) -> bool:
+async def resume(conn: Conn | asyncpg.Pool, platform: str, account_id: str) -> bool:
     """The platform accepts the account again (a probe succeeded). Returns True when it was
     paused by the platform until now. A person's pause stays."""
     status = await conn.execute(
@@ -86,7 +83,7 @@ async def resume(conn: Conn, platform: str, account_id: str) -> bool:
     return status.endswith(" 1")
 
 
-async def due_for_probe(conn: Conn, platforms: list[str]) -> list[asyncpg.Record]:
+async def due_for_probe(conn: Conn | asyncpg.Pool, platforms: list[str]) -> list[asyncpg.Record]:
     """Accounts the platform paused whose probe is due, on these platforms."""
     return await conn.fetch(
         """
@@ -98,7 +95,9 @@ async def due_for_probe(conn: Conn, platforms: list[str]) -> list[asyncpg.Record
     )
 
 
-async def probe_later(conn: Conn, platform: str, account_id: str, reason: str, probe_in: float) -> None:
+async def probe_later(
+    conn: Conn | asyncpg.Pool, platform: str, account_id: str, reason: str, probe_in: float
+) -> None:
     await conn.execute(
         """
         UPDATE accounts SET state_reason = $3, next_probe_at = now() + make_interval(secs => $4)

@@ -268,13 +268,20 @@ async def test_recording_the_reply_releases_the_job_for_a_copy_that_then_skips_i
             assert await copy.claim(job_id, 2) == Skip("job already sent")
 
 
-async def test_before_send_folds_the_chats_open_window_into_the_job_and_then_records_the_intent(
-    jobs: Jobs,
-) -> None:
+async def a_job_and_a_later_message_in_its_window(jobs: Jobs) -> tuple[uuid.UUID, uuid.UUID, uuid.UUID]:
+    """A job for one message, and a second message of the chat, 2 s later, in the window
+    open behind it: (the first message, the job, the later message)."""
     first = await jobs.message("1", at=T0)
     job_id = await jobs.job(first)
     later = await jobs.message("2", at=T0 + timedelta(seconds=2))
     await jobs.arrive_in_window(job_id, later)
+    return first, job_id, later
+
+
+async def test_before_send_folds_the_chats_open_window_into_the_job_and_then_records_the_intent(
+    jobs: Jobs,
+) -> None:
+    first, job_id, later = await a_job_and_a_later_message_in_its_window(jobs)
     async with jobs.store.exclusive(job_id) as session:
         job = await session.claim(job_id, 1)
         assert isinstance(job, Job)
@@ -291,10 +298,7 @@ async def test_before_send_folds_the_chats_open_window_into_the_job_and_then_rec
 async def test_before_send_without_folding_records_the_intent_and_leaves_the_window_waiting(
     jobs: Jobs,
 ) -> None:
-    first = await jobs.message("1", at=T0)
-    job_id = await jobs.job(first)
-    later = await jobs.message("2", at=T0 + timedelta(seconds=2))
-    await jobs.arrive_in_window(job_id, later)
+    first, job_id, later = await a_job_and_a_later_message_in_its_window(jobs)
     async with jobs.store.exclusive(job_id) as session:
         job = await session.claim(job_id, 1)
         assert isinstance(job, Job)

@@ -16,6 +16,7 @@ import logging
 import subprocess
 import sys
 import textwrap
+from collections.abc import Awaitable, Callable
 from pathlib import Path
 
 import pytest
@@ -31,38 +32,41 @@ ROOT = Path(__file__).resolve().parents[2]
 PRODUCT = ("shared", "services", "stores", "platforms", "chatq")
 
 
-async def _finish_as_cancelled(wait: object) -> tuple[str, BaseException | None]:
-    """Start a task that waits on an event through ``wait``, then set the event and cancel
-    the task in the same loop iteration; what the task did with its cancellation."""
-    event = asyncio.Event()
+Wait = Callable[["asyncio.Future[None]"], Awaitable[None]]
+
+
+async def _finish_as_cancelled(wait: Wait) -> str:
+    """Start a task that waits on a future through ``wait``, then finish the future and
+    cancel the task in the same loop iteration: what the task did with its cancellation."""
+    done: asyncio.Future[None] = asyncio.get_running_loop().create_future()
 
     async def waiter() -> str:
-        await wait(event.wait())  # type: ignore[operator]
+        await wait(done)
         return "went on"
 
     task = asyncio.create_task(waiter())
-    await asyncio.sleep(0.01)  # the task now waits on the event
-    event.set()
+    await asyncio.sleep(0)  # one turn of the loop: the task starts and waits on the future
+    done.set_result(None)
     task.cancel()
     try:
-        return await task, None
-    except asyncio.CancelledError as exc:
-        return "cancelled", exc
+        return await task
+    except asyncio.CancelledError:
+        return "cancelled"
 
 
 async def test_python_3_11s_wait_for_swallows_a_cancellation_that_arrives_as_its_awaitable_finishes_and_timeout_does_not() -> (
     None
 ):
-    async def with_wait_for(aw: object) -> None:
-        await asyncio.wait_for(aw, timeout=10)  # type: ignore[arg-type]
+    async def with_wait_for(future: asyncio.Future[None]) -> None:
+        await asyncio.wait_for(future, timeout=10)
 
-    async def with_timeout(aw: object) -> None:
+    async def with_timeout(future: asyncio.Future[None]) -> None:
         async with asyncio.timeout(10):
-            await aw  # type: ignore[misc]
+            await future
 
     # Why the rule below exists: on the Python we run, wait_for loses the cancellation.
-    assert (await _finish_as_cancelled(with_wait_for))[0] == "went on"
-    assert (await _finish_as_cancelled(with_timeout))[0] == "cancelled"
+    assert await _finish_as_cancelled(with_wait_for) == "went on"
+    assert await _finish_as_cancelled(with_timeout) == "cancelled"
 
 
 def test_no_product_module_waits_with_asyncio_wait_for() -> None:
