@@ -673,28 +673,26 @@ async def _record_sent_many(
     """chatq_record_sent for each job, in one statement that releases the jobs' locks
     only once every record is in (chatq_record_sent_many); if it fails, each job is
     recorded alone."""
-    results: Sequence[asyncpg.Record | Exception]
     try:
-        results = await conn.fetch(
+        rows = await conn.fetch(
             "SELECT * FROM chatq_record_sent_many($1, $2, $3, $4) ORDER BY i",
             *([i[n] for i in items] for n in range(4)),
         )
     except Exception as exc:
         if len(items) == 1 or _whole_batch_failed(exc):
             raise
-        results = await _each_alone(items, lambda i: _record_sent_one(conn, i))
-    return await _announced(conn, results)
+        return await _record_sent_each(conn, items)
+    return await _announced(conn, rows)
 
 
 async def _record_sent_each(
     conn: Conn, items: Sequence[tuple[uuid.UUID, str, str, int]]
 ) -> Sequence[asyncpg.Record | Exception]:
     """chatq_record_sent for each job, a statement each."""
-    return await _announced(conn, await _each_alone(items, lambda i: _record_sent_one(conn, i)))
-
-
-async def _record_sent_one(conn: Conn, item: tuple[uuid.UUID, str, str, int]) -> asyncpg.Record:
-    return await _fetch_one(conn, "SELECT * FROM chatq_record_sent($1, $2, $3, $4)", *item)
+    results = await _each_alone(
+        items, lambda i: _fetch_one(conn, "SELECT * FROM chatq_record_sent($1, $2, $3, $4)", *i)
+    )
+    return await _announced(conn, results)
 
 
 async def _announced(
