@@ -17,7 +17,6 @@ import subprocess
 import sys
 import textwrap
 from collections.abc import Awaitable, Callable
-from pathlib import Path
 
 import pytest
 
@@ -25,11 +24,9 @@ from shared import runner
 from shared.lifecycle import cancel_and_wait, every
 from shared.runner import Supervisor, serve
 from shared.settings import Settings
+from tests.support.source import ROOT, python_files
 
 pytestmark = pytest.mark.unit
-
-ROOT = Path(__file__).resolve().parents[2]
-PRODUCT = ("shared", "services", "stores", "platforms", "chatq")
 
 
 Wait = Callable[["asyncio.Future[None]"], Awaitable[None]]
@@ -71,20 +68,19 @@ async def test_python_3_11s_wait_for_swallows_a_cancellation_that_arrives_as_its
 
 def test_no_product_module_waits_with_asyncio_wait_for() -> None:
     found = []
-    for package in PRODUCT:
-        for path in sorted((ROOT / package).rglob("*.py")):
-            for node in ast.walk(ast.parse(path.read_text(), str(path))):
-                if (
-                    isinstance(node, ast.Attribute)
-                    and node.attr == "wait_for"
-                    and isinstance(node.value, ast.Name)
-                    and node.value.id == "asyncio"
-                ) or (
-                    isinstance(node, ast.ImportFrom)
-                    and node.module == "asyncio"
-                    and any(alias.name == "wait_for" for alias in node.names)
-                ):
-                    found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
+    for path in python_files():
+        for node in ast.walk(ast.parse(path.read_text(), str(path))):
+            if (
+                isinstance(node, ast.Attribute)
+                and node.attr == "wait_for"
+                and isinstance(node.value, ast.Name)
+                and node.value.id == "asyncio"
+            ) or (
+                isinstance(node, ast.ImportFrom)
+                and node.module == "asyncio"
+                and any(alias.name == "wait_for" for alias in node.names)
+            ):
+                found.append(f"{path.relative_to(ROOT)}:{node.lineno}")
     assert found == [], (
         "asyncio.wait_for loses a cancellation on Python 3.11 (gh-86296); wait inside "
         f"`async with asyncio.timeout(...)` instead: {found}"

@@ -10,8 +10,7 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
-PACKAGES = ("services", "shared", "platforms", "stores", "chatq")
+from tests.support.source import PACKAGES, ROOT, python_files
 
 
 def owner(module: str) -> str | None:
@@ -25,22 +24,21 @@ def owner(module: str) -> str | None:
 def imports(root: Path = ROOT) -> set[tuple[str, str, str]]:
     """(importing part, imported part, file) for every absolute or relative import."""
     found: set[tuple[str, str, str]] = set()
-    for top in PACKAGES:
-        for path in (root / top).rglob("*.py"):
-            module = ".".join(path.relative_to(root).with_suffix("").parts)
-            source = owner(module)
-            package = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")
-            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
-                names: list[str] = []
-                if isinstance(node, ast.Import):
-                    names = [a.name for a in node.names]
-                elif isinstance(node, ast.ImportFrom):
-                    base = package[: len(package) - node.level + 1] if node.level else []
-                    names = [".".join([*base, *([node.module] if node.module else [])])]
-                for name in names:
-                    target = owner(name)
-                    if source and target and target != source:
-                        found.add((source, target, str(path.relative_to(root))))
+    for path in python_files(root):
+        module = ".".join(path.relative_to(root).with_suffix("").parts)
+        source = owner(module)
+        package = module.split(".")[:-1] if path.name != "__init__.py" else module.split(".")
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            names: list[str] = []
+            if isinstance(node, ast.Import):
+                names = [a.name for a in node.names]
+            elif isinstance(node, ast.ImportFrom):
+                base = package[: len(package) - node.level + 1] if node.level else []
+                names = [".".join([*base, *([node.module] if node.module else [])])]
+            for name in names:
+                target = owner(name)
+                if source and target and target != source:
+                    found.add((source, target, str(path.relative_to(root))))
     return found
 
 

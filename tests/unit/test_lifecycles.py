@@ -9,6 +9,7 @@ from shared.migrate import FUNCTION_DIRS, read_header
 from shared.state import job, operation
 from shared.state.machine import TransitionNotAllowed
 from shared.state.sql import OUTPUT, render
+from tests.support.source import ROOT, python_files
 
 pytestmark = pytest.mark.unit
 
@@ -81,20 +82,14 @@ def test_no_step_spells_out_which_deliveries_may_have_sent_it_asks_the_one_rule(
     that says which delivery statuses may have reached the chat: a step with its own
     list drifted once (the step before sending withdrew replies half on the platform)."""
     import re
-    from pathlib import Path
 
-    root = Path(__file__).resolve().parents[2]
     spelled = re.compile(
         r"'(sending|unknown)'\s*,\s*'(sending|unknown)'|status\s*=\s*'not_sent'\s+AND\s+NOT", re.I
     )
     sources = [p for d in FUNCTION_DIRS for p in d.glob("*.sql") if p != OUTPUT]
-    sources += [
-        p
-        for top in ("services", "shared", "platforms", "stores", "chatq")
-        for p in (root / top).rglob("*.py")
-    ]
+    sources += python_files()
     found = [
-        f"{p.relative_to(root)}:{n}"
+        f"{p.relative_to(ROOT)}:{n}"
         for p in sources
         for n, line in enumerate(p.read_text().splitlines(), start=1)
         if spelled.search(line.split("--", 1)[0])

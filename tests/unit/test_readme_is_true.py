@@ -15,6 +15,7 @@ import pytest
 from chatq.cli import parser
 from shared.roles import SERVICES, role_name
 from shared.settings import Settings
+from tests.support.source import python_files
 
 ROOT = Path(__file__).resolve().parents[2]
 README = ROOT / "README.md"
@@ -94,11 +95,7 @@ def test_every_chatq_variable_the_pages_name_is_a_setting() -> None:
 
 def exported_metrics() -> set[str]:
     names: set[str] = set()
-    for source in [
-        p
-        for top in ("shared", "services", "platforms", "stores", "chatq")
-        for p in (ROOT / top).rglob("*.py")
-    ]:
+    for source in python_files():
         names |= set(METRIC_DEFINITION.findall(source.read_text(encoding="utf-8")))
     return names
 
